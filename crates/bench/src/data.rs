@@ -1,0 +1,168 @@
+//! Which files a benchmark reads, and the exact ground truth it scores against.
+
+use gpu_graph_engine::metric::Metric;
+use gpu_graph_engine::{dataset, recall};
+use std::path::{Path, PathBuf};
+
+/// A ground-truth file and how many leading base rows it was computed over.
+pub struct GtFile {
+    pub path: PathBuf,
+    pub covers: Option<usize>, // None: the whole base file
+}
+
+pub struct Spec {
+    pub name: String,
+    pub base: PathBuf,
+    pub query: PathBuf,
+    pub metric: Metric,
+    pub gt: Vec<GtFile>,
+}
+
+/// One query's exact neighbours: (row, operator distance), nearest first.
+pub type Truth = Vec<(u32, f64)>;
+
+/// The sets of ../shared/data (see its README.md).
+pub fn known(name: &str, dir: &Path) -> Result<Spec, String> {
+    let f = |s: &str| dir.join(s);
+    match name {
+        "sift128" => Ok(Spec {
+            name: name.into(),
+            base: f("sift128_base.bvecs"),
+            query: f("sift128_query.fvecs"),
+            metric: Metric::L2,
+            gt: vec![
+                GtFile {
+                    path: f("sift128_groundtruth_100000.ivecs"),
+                    covers: Some(100_000),
+                },
+                GtFile {
+                    path: f("sift128_groundtruth.ivecs"),
+                    covers: None,
+                },
+            ],
+        }),
+        "minilm384" => Ok(Spec {
+            name: name.into(),
+            base: f("minilm384_base.fvecs"),
+            query: f("minilm384_query.fvecs"),
+            metric: Metric::Cosine,
+            gt: vec![GtFile {
+                path: f("minilm384_groundtruth.ivecs"),
+                covers: None,
+            }],
+        }),
+        _ => Err(format!(
+            "unknown dataset `{name}` (known: sift128, minilm384; or use --base/--query/--metric)"
+        )),
+    }
+}
+
+/// Row-major f32 vectors (.bvecs values widened).
+pub type Vectors = dataset::Matrix<f32>;
+
+/// Reads at most `limit` rows of an .fvecs or .bvecs file.
+pub fn read_vectors(path: &Path, limit: Option<usize>) -> Result<Vectors, String> {
+    let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("");
+    let res = match ext {
+        "fvecs" => dataset::read_fvecs(path, limit),
+        "bvecs" => dataset::read_bvecs(path, limit),
+        _ => {
+            return Err(format!(
+                "{}: expected a .fvecs or .bvecs file",
+                path.display()
+            ))
+        }
+    };
+    let m = res.map_err(|e| format!("{}: {e}", path.display()))?;
+    if m.is_empty() {
+        return Err(format!("{}: no vectors", path.display()));
+    }
+    Ok(m)
+}
+
+/// Rows in an .fvecs/.bvecs file, from its size (each row: a 4-byte dimension
+/// and `dim` values).
+pub fn rows_in_file(path: &Path, dim: usize) -> Result<usize, String> {
+    let elem = if path.extension().and_then(|e| e.to_str()) == Some("bvecs") {
+        1
+    } else {
+        4
+    };
+    let len = std::fs::metadata(path)
+        .map_err(|e| format!("{}: {e}", path.display()))?
+        .len() as usize;
+    Ok(len / (4 + dim * elem))
+}
+
+/// For each query, its `k` exact nearest neighbours among the first `rows`
+/// base rows as (row, operator distance), nearest first, and where they came
+/// from. Distances are always computed here from the vectors.
+///
+/// A ground-truth file over N ≥ rows rows serves a prefix of `rows` rows when,
+/// for every query, at least k of its listed ids are < rows: any prefix row
+/// missing from the list is no nearer than every listed one, so the listed
+/// prefix ids are the prefix's own nearest neighbours. Otherwise the ground
+/// truth is computed by brute force.
+pub fn ground_truth(
+    spec: &Spec,
+    base: &Vectors,
+    base_rows_in_file: usize,
+    queries: &Vectors,
+    k: usize,
+) -> Result<(Vec<Truth>, String), String> {
+    let rows = base.len();
+    let mut files: Vec<(&GtFile, usize)> = spec
+        .gt
+        .iter()
+        .map(|g| (g, g.covers.unwrap_or(base_rows_in_file)))
+        .filter(|(g, covers)| *covers >= rows && g.path.exists())
+        .collect();
+    files.sort_by_key(|(_, covers)| *covers);
+    for (g, covers) in files {
+        let ids = dataset::read_ivecs(&g.path, Some(queries.len()))
+            .map_err(|e| format!("{}: {e}", g.path.display()))?;
+        if ids.len() < queries.len() {
+            return Err(format!("{}: fewer rows than queries", g.path.display()));
+        }
+        let mut gt = Vec::with_capacity(queries.len());
+        for q in 0..queries.len() {
+            let kept: Vec<(u32, f64)> = ids
+                .row(q)
+                .iter()
+                .filter(|&&i| i >= 0 && (i as usize) < rows)
+                .take(k)
+                .map(|&i| {
+                    (
+                        i as u32,
+                        recall::operator_distance(
+                            spec.metric,
+                            queries.row(q),
+                            base.row(i as usize),
+                        ),
+                    )
+                })
+                .collect();
+            if kept.len() < k {
+                break;
+            }
+            gt.push(kept);
+        }
+        if gt.len() == queries.len() {
+            let how = if covers == rows {
+                format!("{}", g.path.display())
+            } else {
+                format!(
+                    "{} (over {covers} rows, restricted to the first {rows})",
+                    g.path.display()
+                )
+            };
+            return Ok((gt, how));
+        }
+    }
+    println!(
+        "computing exact ground truth by brute force ({rows} rows × {} queries)...",
+        queries.len()
+    );
+    let gt = recall::exact_knn(&base.data, base.dim, &queries.data, k, spec.metric);
+    Ok((gt, "brute force (exact)".into()))
+}

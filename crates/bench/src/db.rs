@@ -1,0 +1,199 @@
+//! Everything the benchmark says to PostgreSQL.
+
+use crate::args::Args;
+use crate::data::Vectors;
+use gpu_graph_engine::metric::Metric;
+use postgres::binary_copy::BinaryCopyInWriter;
+use postgres::types::Type;
+use postgres::{Client, Config, NoTls, Statement};
+use std::time::{Duration, Instant};
+
+/// The SQL operator and gpu_graph operator class of a metric.
+pub fn operator(metric: Metric) -> (&'static str, &'static str) {
+    match metric {
+        Metric::L2 => ("<->", "real_l2_ops"),
+        Metric::Cosine => ("<=>", "real_cosine_ops"),
+        Metric::InnerProduct => ("<#>", "real_ip_ops"),
+    }
+}
+
+/// A connection with the benchmark's session settings applied. NOTICEs
+/// (the build's device and phase times) are printed when `echo_notices`.
+pub fn connect(a: &Args, echo_notices: bool) -> Result<Client, String> {
+    let mut cfg = Config::new();
+    cfg.host(&a.host)
+        .port(a.port)
+        .dbname(&a.dbname)
+        .user(&a.user)
+        .application_name("gpu-graph-bench");
+    if echo_notices {
+        cfg.notice_callback(|n| println!("  {}: {}", n.severity(), n.message()));
+    } else {
+        cfg.notice_callback(|_| {});
+    }
+    let mut c = cfg.connect(NoTls).map_err(|e| {
+        format!(
+            "cannot connect to PostgreSQL at {} port {} (database {}, user {}): {}",
+            a.host,
+            a.port,
+            a.dbname,
+            a.user,
+            pg_err(&e)
+        )
+    })?;
+    for (name, value) in &a.sets {
+        c.execute("SELECT set_config($1, $2, false)", &[name, value])
+            .map_err(|e| format!("--set {name}={value}: {}", pg_err(&e)))?;
+    }
+    Ok(c)
+}
+
+/// The server's message (with its detail and hint) rather than the driver's
+/// generic "db error".
+pub fn pg_err(e: &postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(d) => {
+            let mut s = format!("{}: {}", d.severity(), d.message());
+            if let Some(x) = d.detail() {
+                s += &format!(" (DETAIL: {x})");
+            }
+            if let Some(x) = d.hint() {
+                s += &format!(" (HINT: {x})");
+            }
+            s
+        }
+        None => {
+            // the driver's own message is generic ("error connecting to
+            // server"); the cause is in the source chain
+            let mut s = e.to_string();
+            let mut src = std::error::Error::source(e);
+            while let Some(x) = src {
+                s += &format!(": {x}");
+                src = x.source();
+            }
+            s
+        }
+    }
+}
+
+pub fn exec(c: &mut Client, sql: &str) -> Result<(), String> {
+    c.batch_execute(sql)
+        .map_err(|e| format!("{sql}: {}", pg_err(&e)))
+}
+
+// around IF EXISTS, whose "does not exist, skipping" NOTICE is noise here
+const QUIET_ON: &str = "SET client_min_messages = warning;";
+const QUIET_OFF: &str = "RESET client_min_messages;";
+
+/// (Re)creates `table(id int, embedding real[])` and fills it by binary COPY
+/// with ids 0..n-1 in row order.
+pub fn load(c: &mut Client, table: &str, base: &Vectors) -> Result<Duration, String> {
+    let t = Instant::now();
+    exec(c, &format!("{QUIET_ON} DROP TABLE IF EXISTS {table}; {QUIET_OFF} CREATE TABLE {table} (id int, embedding real[])"))?;
+    let sink = c
+        .copy_in(&format!(
+            "COPY {table} (id, embedding) FROM STDIN (FORMAT binary)"
+        ))
+        .map_err(|e| format!("COPY: {}", pg_err(&e)))?;
+    let mut w = BinaryCopyInWriter::new(sink, &[Type::INT4, Type::FLOAT4_ARRAY]);
+    for i in 0..base.len() {
+        let id = i as i32;
+        let v: &[f32] = base.row(i);
+        w.write(&[&id, &v])
+            .map_err(|e| format!("COPY row {i}: {}", pg_err(&e)))?;
+    }
+    w.finish().map_err(|e| format!("COPY: {}", pg_err(&e)))?;
+    exec(c, &format!("ANALYZE {table}"))?;
+    Ok(t.elapsed())
+}
+
+pub fn count_rows(c: &mut Client, table: &str) -> Result<usize, String> {
+    let row = c
+        .query_one(&format!("SELECT count(*) FROM {table}"), &[])
+        .map_err(|e| format!("counting the rows of {table}: {}", pg_err(&e)))?;
+    Ok(row.get::<_, i64>(0) as usize)
+}
+
+pub fn relation_size(c: &mut Client, rel: &str) -> Result<i64, String> {
+    let row = c
+        .query_one("SELECT pg_relation_size($1::text::regclass)", &[&rel])
+        .map_err(|e| format!("pg_relation_size({rel}): {}", pg_err(&e)))?;
+    Ok(row.get(0))
+}
+
+/// CREATE EXTENSION if needed, then (re)builds the index; returns its wall time.
+pub fn build(
+    c: &mut Client,
+    table: &str,
+    index: &str,
+    opclass: &str,
+    options: Option<&str>,
+) -> Result<Duration, String> {
+    exec(c, "CREATE EXTENSION IF NOT EXISTS gpu_graph")?;
+    exec(
+        c,
+        &format!("{QUIET_ON} DROP INDEX IF EXISTS {index}; {QUIET_OFF}"),
+    )?;
+    let with = options.map(|o| format!(" WITH ({o})")).unwrap_or_default();
+    let sql =
+        format!("CREATE INDEX {index} ON {table} USING gpu_graph (embedding {opclass}){with}");
+    println!("{sql}");
+    let t = Instant::now();
+    exec(c, &sql)?;
+    Ok(t.elapsed())
+}
+
+/// Sets gpu_graph.ef_search (None: the server's default) and returns the value
+/// in force.
+pub fn set_ef(c: &mut Client, ef: Option<u32>) -> Result<String, String> {
+    // A session loads the extension's library at its first call into it;
+    // before that, gpu_graph.* are placeholders and SHOW after RESET says "".
+    exec(c, "SELECT l2_distance('{0}'::real[], '{0}'::real[])")?;
+    match ef {
+        Some(v) => exec(c, &format!("SET gpu_graph.ef_search = {v}"))?,
+        None => exec(c, "RESET gpu_graph.ef_search")?,
+    }
+    let row = c
+        .query_one("SHOW gpu_graph.ef_search", &[])
+        .map_err(|e| format!("SHOW gpu_graph.ef_search: {}", pg_err(&e)))?;
+    Ok(row.get(0))
+}
+
+pub fn knn_sql(table: &str, op: &str, k: usize) -> String {
+    format!("SELECT id, embedding {op} $1::real[] AS d FROM {table} ORDER BY embedding {op} $1::real[] LIMIT {k}")
+}
+
+pub fn prepare(c: &mut Client, sql: &str) -> Result<Statement, String> {
+    c.prepare(sql).map_err(|e| format!("{sql}: {}", pg_err(&e)))
+}
+
+/// The rows one query returned: (id, distance), in the server's order.
+pub type Answer = Vec<(i32, f64)>;
+
+/// One query: its answer and its latency.
+pub fn run_query(c: &mut Client, st: &Statement, q: &[f32]) -> Result<(Answer, Duration), String> {
+    let t = Instant::now();
+    let rows = c
+        .query(st, &[&q])
+        .map_err(|e| format!("query: {}", pg_err(&e)))?;
+    let dt = t.elapsed();
+    let out = rows
+        .iter()
+        .map(|r| {
+            let d: Option<f64> = r
+                .try_get::<_, f64>(1)
+                .ok()
+                .or_else(|| r.try_get::<_, f32>(1).ok().map(f64::from));
+            (r.get::<_, i32>(0), d.unwrap_or(f64::NAN))
+        })
+        .collect();
+    Ok((out, dt))
+}
+
+/// The plan of one k-NN query, for a line saying whether the index serves it.
+pub fn explain(c: &mut Client, sql: &str, q: &[f32]) -> Result<Vec<String>, String> {
+    let rows = c
+        .query(&format!("EXPLAIN (COSTS OFF) {sql}"), &[&q])
+        .map_err(|e| format!("EXPLAIN: {}", pg_err(&e)))?;
+    Ok(rows.iter().map(|r| r.get::<_, String>(0)).collect())
+}

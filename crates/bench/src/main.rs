@@ -1,0 +1,449 @@
+//! gpu-graph-bench: load a dataset through SQL, build a gpu_graph index, sweep
+//! gpu_graph.ef_search and report build time, index size, recall@k,
+//! queries/s and latency, as a table and optionally a CSV. `--help` for usage.
+//!
+//! Recall is tie-aware (../shared/data/README.md): a returned row counts when
+//! its distance to the query is at most the true k-th neighbour's. Distances
+//! are recomputed here from the vectors read from the files, so the server's
+//! arithmetic cannot flatter itself; the distances the server returns are
+//! checked against the same computation and disagreements are reported.
+
+mod args;
+mod data;
+mod db;
+
+use args::{Args, Ef};
+use data::{Truth, Vectors};
+use db::Answer;
+use gpu_graph_engine::metric::Metric;
+use gpu_graph_engine::recall;
+use std::io::Write;
+use std::time::{Duration, Instant};
+
+fn main() {
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    let args = match args::parse(&argv) {
+        Ok(Some(a)) => a,
+        Ok(None) => {
+            print!("{}", args::USAGE);
+            return;
+        }
+        Err(e) => {
+            eprintln!("gpu-graph-bench: {e}");
+            std::process::exit(2);
+        }
+    };
+    if let Err(e) = run(&args) {
+        eprintln!("gpu-graph-bench: error: {e}");
+        std::process::exit(1);
+    }
+}
+
+/// One ef_search setting's measurements.
+struct Point {
+    ef: String,
+    recall: f64,
+    qps: f64,
+    mean_ms: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+}
+
+fn run(a: &Args) -> Result<(), String> {
+    let mut spec = match (&a.dataset, &a.base) {
+        (Some(name), _) => data::known(name, &a.data_dir)?,
+        (None, Some(base)) => data::Spec {
+            name: base
+                .file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_default(),
+            base: base.clone(),
+            query: a.query.clone().expect("checked by args"),
+            metric: a.metric.expect("checked by args"),
+            gt: a
+                .gt
+                .iter()
+                .map(|p| data::GtFile {
+                    path: p.clone(),
+                    covers: None,
+                })
+                .collect(),
+        },
+        (None, None) => unreachable!("checked by args"),
+    };
+    if let Some(m) = a.metric {
+        if m != spec.metric {
+            spec.gt.clear(); // the files rank by the set's own metric
+        }
+        spec.metric = m;
+    }
+    let metric = spec.metric;
+    let (op, opclass) = db::operator(metric);
+
+    let mut c = db::connect(a, true)?; // first, to fail fast
+
+    let base = data::read_vectors(&spec.base, a.rows)?;
+    let base_rows_in_file = data::rows_in_file(&spec.base, base.dim)?;
+    if let Some(r) = a.rows {
+        if r > base.len() {
+            return Err(format!(
+                "--rows {r}: {} holds only {} rows",
+                spec.base.display(),
+                base.len()
+            ));
+        }
+    }
+    let queries = data::read_vectors(&spec.query, a.queries)?;
+    if queries.dim != base.dim {
+        return Err(format!(
+            "queries have {} dimensions, base rows {}",
+            queries.dim, base.dim
+        ));
+    }
+    println!(
+        "gpu-graph-bench: {}, {} rows x {} dims, {} ({opclass}, {op}), {} queries, recall@{}, {} client{}",
+        spec.name,
+        base.len(),
+        base.dim,
+        metric.name(),
+        queries.len(),
+        a.k,
+        a.clients,
+        if a.clients == 1 { "" } else { "s" }
+    );
+    let (gt, gt_source) = data::ground_truth(&spec, &base, base_rows_in_file, &queries, a.k)?;
+    println!("ground truth: {gt_source}");
+
+    let index = format!("{}_embedding_idx", a.table);
+    if a.skip_load {
+        let n = db::count_rows(&mut c, &a.table)?;
+        if n != base.len() {
+            return Err(format!(
+                "--skip-load: table {} holds {n} rows, expected {}",
+                a.table,
+                base.len()
+            ));
+        }
+        println!("load: skipped (table {} holds {n} rows)", a.table);
+    } else {
+        let t = db::load(&mut c, &a.table, &base)?;
+        let size = db::relation_size(&mut c, &a.table)?;
+        println!(
+            "load (COPY + ANALYZE): {:.2} s, table {}",
+            t.as_secs_f64(),
+            mib(size)
+        );
+    }
+    let build_s = if a.skip_build {
+        println!("build: skipped (reusing {index})");
+        None
+    } else {
+        let t = db::build(
+            &mut c,
+            &a.table,
+            &index,
+            opclass,
+            a.index_options.as_deref(),
+        )?;
+        Some(t.as_secs_f64())
+    };
+    let index_bytes = db::relation_size(&mut c, &index)?;
+    if let Some(s) = build_s {
+        println!("build: {s:.2} s, index {}", mib(index_bytes));
+    } else {
+        println!("index {}", mib(index_bytes));
+    }
+
+    let sql = db::knn_sql(&a.table, op, a.k);
+    let plan = db::explain(&mut c, &sql, queries.row(0))?;
+    let uses_index = plan
+        .iter()
+        .any(|l| l.contains(&format!("Index Scan using {index}")));
+    // the plan nodes only: their detail lines repeat the whole query vector
+    let nodes: Vec<&str> = plan
+        .iter()
+        .enumerate()
+        .filter(|(i, l)| *i == 0 || l.trim_start().starts_with("->"))
+        .map(|(_, l)| l.trim().trim_start_matches("->").trim())
+        .collect();
+    println!("plan: {}", nodes.join(" -> "));
+    if !uses_index {
+        println!("WARNING: the planner does not use {index} for this query; the numbers below are not the index's");
+    }
+    drop(c);
+
+    let mut clients: Vec<postgres::Client> = (0..a.clients)
+        .map(|_| db::connect(a, false))
+        .collect::<Result<_, _>>()?;
+    let mut points = Vec::new();
+    let mut last_answers = Vec::new();
+    println!();
+    println!(
+        "{:>10} {:>10} {:>11} {:>9} {:>8} {:>8}",
+        "ef_search",
+        format!("recall@{}", a.k),
+        "queries/s",
+        "mean ms",
+        "p50 ms",
+        "p99 ms"
+    );
+    for (i, ef) in a.ef.iter().enumerate() {
+        let (p, answers) = sweep_point(a, &mut clients, &sql, *ef, metric, &base, &queries, &gt)?;
+        if i + 1 == a.ef.len() {
+            last_answers = answers;
+        }
+        println!(
+            "{:>10} {:>10.4} {:>11.1} {:>9.3} {:>8.3} {:>8.3}",
+            p.ef, p.recall, p.qps, p.mean_ms, p.p50_ms, p.p99_ms
+        );
+        points.push(p);
+    }
+    print_examples(a, &gt, &last_answers);
+
+    if let Some(path) = &a.csv {
+        write_csv(
+            path,
+            a,
+            &spec.name,
+            &base,
+            metric,
+            build_s,
+            index_bytes,
+            &points,
+        )
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+        println!("\nwrote {}", path.display());
+    }
+    Ok(())
+}
+
+/// Runs every query at one ef_search over all clients: the measurements and
+/// each query's answer.
+#[allow(clippy::too_many_arguments)]
+fn sweep_point(
+    a: &Args,
+    clients: &mut [postgres::Client],
+    sql: &str,
+    ef: Ef,
+    metric: Metric,
+    base: &Vectors,
+    queries: &Vectors,
+    gt: &[Truth],
+) -> Result<(Point, Vec<Answer>), String> {
+    let mut ef_shown = String::new();
+    let mut statements = Vec::new();
+    for c in clients.iter_mut() {
+        ef_shown = db::set_ef(
+            c,
+            match ef {
+                Ef::Default => None,
+                Ef::Value(v) => Some(v),
+            },
+        )?;
+        statements.push(db::prepare(c, sql)?);
+        for qi in 0..a.warmup.div_ceil(a.clients).min(queries.len()) {
+            db::run_query(c, statements.last().unwrap(), queries.row(qi))?;
+        }
+    }
+    let ef_label = match ef {
+        Ef::Default => format!("{ef_shown}*"),
+        Ef::Value(_) => ef_shown,
+    };
+
+    // query i goes to client i % clients
+    let nq = queries.len();
+    let nc = clients.len();
+    let start = Instant::now();
+    type Timed = (usize, Answer, Duration); // (query, answer, latency)
+    let per_client: Vec<Result<Vec<Timed>, String>> = std::thread::scope(|s| {
+        let handles: Vec<_> = clients
+            .iter_mut()
+            .zip(&statements)
+            .enumerate()
+            .map(|(ci, (c, st))| {
+                s.spawn(move || {
+                    let mut out = Vec::with_capacity(nq / nc + 1);
+                    for qi in (ci..nq).step_by(nc) {
+                        let (rows, dt) = db::run_query(c, st, queries.row(qi))?;
+                        out.push((qi, rows, dt));
+                    }
+                    Ok(out)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("client thread panicked"))
+            .collect()
+    });
+    let wall = start.elapsed();
+
+    let mut answers: Vec<Answer> = vec![Vec::new(); nq];
+    let mut latencies = Vec::with_capacity(nq);
+    for r in per_client {
+        for (qi, rows, dt) in r? {
+            answers[qi] = rows;
+            latencies.push(dt.as_secs_f64() * 1e3);
+        }
+    }
+
+    let mut recall_sum = 0.0;
+    let mut mismatch: Option<(usize, i32, f64, f64)> = None;
+    let mut mismatches = 0usize;
+    for (qi, rows) in answers.iter().enumerate() {
+        let q = queries.row(qi);
+        let ids: Vec<i32> = rows.iter().map(|r| r.0).collect();
+        recall_sum += recall_of(metric, base, q, &gt[qi], &ids, a.k);
+        for &(id, d_sql) in rows {
+            if id < 0 || id as usize >= base.len() {
+                continue;
+            }
+            let d = recall::operator_distance(metric, q, base.row(id as usize));
+            let agrees = (d_sql - d).abs() <= 1e-3 * d.abs().max(1.0); // false for NaN
+            if !agrees {
+                mismatches += 1;
+                mismatch.get_or_insert((qi, id, d_sql, d));
+            }
+        }
+    }
+    if let Some((qi, id, d_sql, d)) = mismatch {
+        println!(
+            "WARNING: {mismatches} returned distances disagree with the vectors' (first: query {qi}, id {id}: server {d_sql}, expected {d})"
+        );
+    }
+
+    latencies.sort_by(|x, y| x.total_cmp(y));
+    let pct = |p: f64| {
+        latencies[((p * latencies.len() as f64).ceil() as usize).clamp(1, latencies.len()) - 1]
+    };
+    let point = Point {
+        ef: ef_label,
+        recall: recall_sum / nq as f64,
+        qps: nq as f64 / wall.as_secs_f64(),
+        mean_ms: latencies.iter().sum::<f64>() / nq as f64,
+        p50_ms: pct(0.50),
+        p99_ms: pct(0.99),
+    };
+    Ok((point, answers))
+}
+
+/// Tie-aware recall@k of one answer (`recall::recall_at_k` over the
+/// distances recomputed from the vectors). A row returned twice or an id that
+/// is not a loaded row fills a slot without counting.
+fn recall_of(
+    metric: Metric,
+    base: &Vectors,
+    q: &[f32],
+    gt: &[(u32, f64)],
+    ids: &[i32],
+    k: usize,
+) -> f64 {
+    let mut seen = std::collections::HashSet::new();
+    let dists: Vec<f64> = ids
+        .iter()
+        .take(k)
+        .map(|&id| {
+            if id >= 0 && (id as usize) < base.len() && seen.insert(id) {
+                recall::operator_distance(metric, q, base.row(id as usize))
+            } else {
+                f64::INFINITY
+            }
+        })
+        .collect();
+    recall::recall_at_k(&dists, gt[k - 1].1, k)
+}
+
+/// The answers of the first --examples queries beside the exact ones.
+fn print_examples(a: &Args, gt: &[Truth], answers: &[Answer]) {
+    for qi in 0..a.examples.min(answers.len()) {
+        println!(
+            "\nquery {qi}: returned (id: distance)            exact top {}",
+            a.k
+        );
+        for r in 0..a.k {
+            let got = answers[qi]
+                .get(r)
+                .map(|(id, d)| format!("{id:>8}: {d:<12.4}"))
+                .unwrap_or_default();
+            let want = gt[qi]
+                .get(r)
+                .map(|&(id, d)| format!("{id:>8}: {d:.4}"))
+                .unwrap_or_default();
+            println!("  {got:<30}  {want}");
+        }
+    }
+}
+
+fn mib(bytes: i64) -> String {
+    format!("{:.1} MiB", bytes as f64 / (1024.0 * 1024.0))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn write_csv(
+    path: &std::path::Path,
+    a: &Args,
+    dataset: &str,
+    base: &Vectors,
+    metric: Metric,
+    build_s: Option<f64>,
+    index_bytes: i64,
+    points: &[Point],
+) -> std::io::Result<()> {
+    let mut f = std::io::BufWriter::new(std::fs::File::create(path)?);
+    // index_options last: it is the one field that may hold commas (quoted)
+    writeln!(f, "dataset,rows,dims,metric,clients,k,build_s,index_bytes,ef_search,recall,qps,mean_ms,p50_ms,p99_ms,index_options")?;
+    let opts = a
+        .index_options
+        .as_deref()
+        .unwrap_or("")
+        .replace('"', "\"\"");
+    for p in points {
+        writeln!(
+            f,
+            "{dataset},{},{},{},{},{},{},{index_bytes},{},{:.4},{:.1},{:.3},{:.3},{:.3},\"{opts}\"",
+            base.len(),
+            base.dim,
+            metric.name(),
+            a.clients,
+            a.k,
+            build_s.map(|s| format!("{s:.3}")).unwrap_or_default(),
+            p.ef.trim_end_matches('*'),
+            p.recall,
+            p.qps,
+            p.mean_ms,
+            p.p50_ms,
+            p.p99_ms
+        )?;
+    }
+    f.flush()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recall_counts_ties_and_ignores_duplicates() {
+        // 1-d points 0, 1, 1, 2, 3; query at 0; k = 3: true 3rd neighbour at distance 1
+        let base = Vectors {
+            data: vec![0.0, 1.0, 1.0, 2.0, 3.0],
+            dim: 1,
+        };
+        let q = [0.0f32];
+        let gt = [(0u32, 0.0), (1, 1.0), (2, 1.0)];
+        assert_eq!(recall_of(Metric::L2, &base, &q, &gt, &[0, 2, 1], 3), 1.0);
+        assert_eq!(
+            recall_of(Metric::L2, &base, &q, &gt, &[0, 1, 1], 3),
+            2.0 / 3.0
+        );
+        assert_eq!(
+            recall_of(Metric::L2, &base, &q, &gt, &[0, 3, 4], 3),
+            1.0 / 3.0
+        );
+        assert_eq!(
+            recall_of(Metric::L2, &base, &q, &gt, &[0, 99, -1], 3),
+            1.0 / 3.0
+        );
+        assert_eq!(recall_of(Metric::L2, &base, &q, &gt, &[], 3), 0.0);
+    }
+}

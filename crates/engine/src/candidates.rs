@@ -1,0 +1,60 @@
+//! Candidate neighbours read out of a store for pruning: what insert and
+//! repair both do before applying the one rule.
+
+use crate::metric::graph_distance;
+use crate::prune::rng_prune;
+use crate::store::GraphView;
+
+/// Live candidates of one node: their distances to it and their vectors.
+pub struct Candidates {
+    cands: Vec<(u32, f32)>,
+    vectors: Vec<f32>,
+    dim: usize,
+}
+
+impl Candidates {
+    /// Reads each of `ids` once (its vector and its distance to `from`),
+    /// skipping free and deleted nodes: they are never made neighbours.
+    pub fn collect<G: GraphView>(store: &G, from: &[f32], ids: impl IntoIterator<Item = u32>) -> Candidates {
+        let dim = store.stored_dim();
+        let mut c = Candidates { cands: Vec::new(), vectors: Vec::new(), dim };
+        for id in ids {
+            let before = c.vectors.len();
+            let vectors = &mut c.vectors;
+            match store.visit(id, |x| {
+                vectors.extend_from_slice(x);
+                graph_distance(from, x)
+            }) {
+                Some(v) if !v.deleted => c.cands.push((id, v.dist)),
+                Some(_) => c.vectors.truncate(before),
+                None => {}
+            }
+        }
+        c
+    }
+
+    pub fn len(&self) -> usize {
+        self.cands.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.cands.is_empty()
+    }
+
+    /// The `limit` nearest (ties by id), pruned by [`rng_prune`] to `degree`.
+    /// `ids` must have been distinct.
+    pub fn prune(self, limit: usize, degree: usize) -> Vec<(u32, f32)> {
+        let mut order: Vec<usize> = (0..self.cands.len()).collect();
+        let key = |&i: &usize| (self.cands[i].1, self.cands[i].0);
+        order.sort_unstable_by(|a, b| {
+            let (a, b) = (key(a), key(b));
+            a.0.total_cmp(&b.0).then(a.1.cmp(&b.1))
+        });
+        order.truncate(limit);
+        let cands: Vec<(u32, f32)> = order.iter().map(|&i| self.cands[i]).collect();
+        let mut vectors = Vec::with_capacity(order.len() * self.dim);
+        for &i in &order {
+            vectors.extend_from_slice(&self.vectors[i * self.dim..(i + 1) * self.dim]);
+        }
+        rng_prune(&cands, &vectors, self.dim, degree)
+    }
+}

@@ -1,0 +1,118 @@
+//! Readers for the texmex formats (.fvecs, .bvecs, .ivecs): per row a
+//! little-endian i32 dimension, then that many values (f32, u8 or i32).
+
+use std::fs::File;
+use std::io::{self, BufReader, ErrorKind, Read};
+use std::path::{Path, PathBuf};
+
+/// Rows of equal length, stored contiguously.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Matrix<T> {
+    pub dim: usize,
+    pub data: Vec<T>,
+}
+
+impl<T> Matrix<T> {
+    pub fn len(&self) -> usize {
+        if self.dim == 0 { 0 } else { self.data.len() / self.dim }
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    pub fn row(&self, i: usize) -> &[T] {
+        &self.data[i * self.dim..(i + 1) * self.dim]
+    }
+}
+
+/// Reads a `.fvecs` file, at most `limit` rows.
+pub fn read_fvecs(path: &Path, limit: Option<usize>) -> io::Result<Matrix<f32>> {
+    read_vecs(path, limit, 4, |b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+}
+
+/// Reads a `.bvecs` file (u8 values, as SIFT's), widened to f32.
+pub fn read_bvecs(path: &Path, limit: Option<usize>) -> io::Result<Matrix<f32>> {
+    read_vecs(path, limit, 1, |b| b[0] as f32)
+}
+
+/// Reads a `.ivecs` file (ground-truth ids).
+pub fn read_ivecs(path: &Path, limit: Option<usize>) -> io::Result<Matrix<i32>> {
+    read_vecs(path, limit, 4, |b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+}
+
+fn read_vecs<T>(path: &Path, limit: Option<usize>, width: usize, decode: impl Fn(&[u8]) -> T) -> io::Result<Matrix<T>> {
+    let mut r = BufReader::with_capacity(1 << 20, File::open(path)?);
+    let bad = |msg: String| io::Error::new(ErrorKind::InvalidData, format!("{}: {msg}", path.display()));
+    let mut out = Matrix { dim: 0, data: Vec::new() };
+    let mut row = Vec::new();
+    let mut rows = 0usize;
+    while limit.is_none_or(|l| rows < l) {
+        let mut head = [0u8; 4];
+        match r.read_exact(&mut head) {
+            Err(e) if e.kind() == ErrorKind::UnexpectedEof => break,
+            other => other?,
+        }
+        let dim = i32::from_le_bytes(head);
+        if dim <= 0 || (rows > 0 && dim as usize != out.dim) {
+            return Err(bad(format!("row {rows} has dimension {dim}")));
+        }
+        out.dim = dim as usize;
+        row.resize(out.dim * width, 0);
+        r.read_exact(&mut row).map_err(|e| bad(format!("row {rows}: {e}")))?;
+        out.data.extend(row.chunks_exact(width).map(&decode));
+        rows += 1;
+    }
+    Ok(out)
+}
+
+/// Where the benchmark and test data sets lie: `$GPU_GRAPH_DATA`, else the
+/// `shared/data` folder beside the repository.
+pub fn data_dir() -> PathBuf {
+    let dir = std::env::var_os("GPU_GRAPH_DATA")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data"));
+    std::fs::canonicalize(&dir).unwrap_or(dir)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write(name: &str, bytes: &[u8]) -> PathBuf {
+        let p = std::env::temp_dir().join(format!("gpu_graph_dataset_{}_{name}", std::process::id()));
+        std::fs::write(&p, bytes).unwrap();
+        p
+    }
+
+    #[test]
+    fn formats_and_limit() {
+        let mut f = Vec::new();
+        for row in [[1.5f32, -2.0], [3.0, 4.25], [0.0, 1.0]] {
+            f.extend(2i32.to_le_bytes());
+            row.iter().for_each(|x| f.extend(x.to_le_bytes()));
+        }
+        let p = write("a.fvecs", &f);
+        let m = read_fvecs(&p, None).unwrap();
+        assert_eq!((m.dim, m.len()), (2, 3));
+        assert_eq!(m.row(1), &[3.0, 4.25]);
+        assert_eq!(read_fvecs(&p, Some(2)).unwrap().data, vec![1.5, -2.0, 3.0, 4.25]);
+        // a truncated last row is an error, not a silent short read
+        let p2 = write("b.fvecs", &f[..f.len() - 2]);
+        assert!(read_fvecs(&p2, None).is_err());
+
+        let b = [3i32.to_le_bytes().as_slice(), &[0, 128, 255]].concat();
+        let p3 = write("c.bvecs", &b);
+        assert_eq!(read_bvecs(&p3, None).unwrap().data, vec![0.0, 128.0, 255.0]);
+
+        let i = [1i32.to_le_bytes(), 7i32.to_le_bytes(), 1i32.to_le_bytes(), (-1i32).to_le_bytes()].concat();
+        let p4 = write("d.ivecs", &i);
+        assert_eq!(read_ivecs(&p4, None).unwrap().data, vec![7, -1]);
+        for p in [p, p2, p3, p4] {
+            std::fs::remove_file(p).unwrap();
+        }
+    }
+
+    #[test]
+    fn data_dir_holds_the_sets() {
+        assert!(data_dir().join("sift128_query.fvecs").exists(), "{}", data_dir().display());
+    }
+}

@@ -1,0 +1,104 @@
+//! Linking a new node into a built graph (INSERT/COPY after CREATE INDEX).
+//!
+//! Concurrency: a list is never rewritten from a stale read. Each change is
+//! computed outside the store's lock from a snapshot of the list, then
+//! written by `update_neighbors` only if the list still equals the snapshot,
+//! else recomputed. No lock is held while other nodes are read, so a store
+//! with page locks (PostgreSQL) cannot deadlock here; a failed write means
+//! another writer made progress, so the retry loop cannot starve everyone.
+
+use crate::candidates::Candidates;
+use crate::metric::Metric;
+use crate::search::Search;
+use crate::store::GraphMut;
+
+/// Stores `stored` with `payload`, searches its neighbours with beam
+/// `ef_construction` (graph distance), prunes them with [`crate::prune::rng_prune`],
+/// writes its list, then adds the reverse edge to each kept neighbour: appended
+/// when that list has room, else the list plus the new node is re-pruned and
+/// cut to `degree`. The first node of an empty graph becomes the entry point.
+/// Returns the new node's id.
+///
+/// Two inserts racing into an empty graph may both become the entry in turn;
+/// the loser stays unlinked until found by a scan's final sweep (the
+/// PostgreSQL store serialises the first insert on its meta page).
+pub fn insert<G: GraphMut>(store: &G, stored: &[f32], payload: u64, ef_construction: usize) -> u32 {
+    let degree = store.degree();
+    if store.entry().is_none() {
+        let id = store.allocate(stored, payload);
+        store.set_entry(Some(id));
+        return id;
+    }
+    // L2 over stored vectors is the graph distance, whatever the SQL metric
+    let mut search = Search::new(store, Metric::L2, stored);
+    let hits = search.next_round(store, ef_construction.max(degree));
+    let kept = Candidates::collect(store, stored, hits.iter().map(|h| h.node)).prune(usize::MAX, degree);
+
+    let id = store.allocate(stored, payload);
+    if kept.is_empty() {
+        // no live node left in the graph: start afresh from this one
+        store.set_entry(Some(id));
+        return id;
+    }
+    store.update_neighbors(id, &mut |list| {
+        // keep what a concurrent insert may have linked here already
+        let extra: Vec<u32> = list.drain(..).filter(|u| !kept.iter().any(|k| k.0 == *u)).collect();
+        list.extend(kept.iter().map(|k| k.0));
+        list.extend(extra);
+        list.truncate(degree);
+        true
+    });
+    for &(n, _) in &kept {
+        link_back(store, n, id);
+    }
+    id
+}
+
+/// Adds `id` to `n`'s list: appended if there is room, else `n`'s list
+/// plus `id` is re-pruned (which may leave `id` out).
+fn link_back<G: GraphMut>(store: &G, n: u32, id: u32) {
+    let degree = store.degree();
+    let mut current = Vec::new();
+    loop {
+        let mut full = false;
+        store.update_neighbors(n, &mut |list| {
+            if list.contains(&id) {
+                return false;
+            }
+            if list.len() < degree {
+                list.push(id);
+                return true;
+            }
+            full = true;
+            false
+        });
+        if !full {
+            return;
+        }
+        store.neighbors(n, &mut current);
+        let mut own = Vec::new();
+        let Some(v) = store.visit(n, |x| {
+            own.extend_from_slice(x);
+            0.0
+        }) else {
+            return; // freed meanwhile
+        };
+        if v.deleted || current.contains(&id) {
+            return;
+        }
+        let ids = current.iter().copied().chain([id]);
+        let pruned: Vec<u32> = Candidates::collect(store, &own, ids).prune(usize::MAX, degree).iter().map(|k| k.0).collect();
+        let mut changed = false;
+        store.update_neighbors(n, &mut |list| {
+            if *list != current {
+                changed = true;
+                return false;
+            }
+            list.clone_from(&pruned);
+            true
+        });
+        if !changed {
+            return;
+        }
+    }
+}

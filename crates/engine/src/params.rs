@@ -1,0 +1,26 @@
+//! Build parameters shared by the CPU and GPU builders (one struct, so both
+//! paths read the same index options).
+
+/// RNN-Descent / GRNND parameters (000_e75164c80b1a33b2.txt).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct BuildParams {
+    /// Neighbours kept per node in the final graph.
+    pub degree: usize,
+    /// Random initial neighbours per node.
+    pub s: usize,
+    /// Capacity of a node's candidate pool during refinement.
+    pub r: usize,
+    /// Outer rounds (reverse edges added between them).
+    pub t1: usize,
+    /// Update rounds per outer round.
+    pub t2: usize,
+    /// Share of each list whose reverse edges are added between outer rounds.
+    pub rho: f32,
+    pub seed: u64,
+}
+
+impl Default for BuildParams {
+    fn default() -> Self {
+        BuildParams { degree: 32, s: 16, r: 64, t1: 3, t2: 8, rho: 1.0, seed: 0x5eed }
+    }
+}

@@ -1,0 +1,43 @@
+//! The storage interface of the engine. Node ids are dense `u32`; a node holds
+//! an opaque `payload` (the heap TID in PostgreSQL), its stored vector (already
+//! prepared by [`crate::metric::Metric::prepare_stored`]) and a neighbour list
+//! of at most `degree` ids.
+
+/// What a visit of a node found.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Visit {
+    /// The value the caller's distance closure returned for the node's vector.
+    pub dist: f32,
+    pub payload: u64,
+    /// Deleted nodes are still traversed (until VACUUM frees them) but are never results.
+    pub deleted: bool,
+}
+
+/// Read access, shared by search, insert and repair.
+pub trait GraphView {
+    /// Length of stored vectors.
+    fn stored_dim(&self) -> usize;
+    fn degree(&self) -> usize;
+    /// Ids below this may exist; some may be free.
+    fn node_count(&self) -> u32;
+    fn entry(&self) -> Option<u32>;
+    /// Applies `dist` to the node's stored vector, read together with its
+    /// payload and deleted flag (one consistent read). `None` for a free slot.
+    fn visit<F: FnOnce(&[f32]) -> f32>(&self, node: u32, dist: F) -> Option<Visit>;
+    /// Replaces `out` with the node's neighbour ids (no padding).
+    fn neighbors(&self, node: u32, out: &mut Vec<u32>);
+}
+
+/// Changes, used by insert and VACUUM. Every method is atomic on its own.
+pub trait GraphMut: GraphView {
+    /// Stores a new node (reusing a free slot where the store has one) with an
+    /// empty neighbour list and returns its id.
+    fn allocate(&self, stored: &[f32], payload: u64) -> u32;
+    /// Reads the node's list, lets `f` change it and writes it back if `f`
+    /// returns true, with no other change to that list in between.
+    fn update_neighbors(&self, node: u32, f: &mut dyn FnMut(&mut Vec<u32>) -> bool);
+    fn set_entry(&self, node: Option<u32>);
+    fn mark_deleted(&self, node: u32);
+    /// Makes a deleted node's slot free for reuse (its list is emptied).
+    fn free(&self, node: u32);
+}

@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# The whole test suite (README command 2; CI runs it through .ci/run).
+#
+#   bash scripts/test.sh
+#
+# 1. scripts/setup.sh: install what is missing, build and install gpu_graph
+# 2. crate tests: `cargo test --release` of every workspace crate except the
+#    pgrx extension (the engine: algorithms, recall floors on ../shared/data;
+#    the benchmark runner)
+# 3. pg_regress: tests/pg_regress/sql/*.sql against a throwaway cluster with
+#    the installed extension (scripts/regress.sh)
+# 4. pgrx tests: the extension's #[pg_test]s (`cargo pgrx test`, in a cluster
+#    run as the postgres OS user). It installs a build with the test functions
+#    in place of the release one, so it runs after pg_regress; the next
+#    scripts/setup.sh (or demo.sh) puts the release build back.
+# 5. [hook] scripts/check-kernels.sh, when it exists: compiles the CUDA kernels
+#
+# Every suite runs even when an earlier one fails. The last line is
+# `N passed, N failed` (suites); the exit status is non-zero on any failure.
+set -euo pipefail
+# shellcheck source=scripts/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+cd "$GG_ROOT"
+
+names=()
+results=()
+passed=0
+failed=0
+
+# suite NAME CMD...: run one suite, record and report its outcome.
+suite() {
+  local name=$1 t0 rc=0
+  shift
+  echo
+  echo "==== $name: $*"
+  t0=$SECONDS
+  "$@" || rc=$?
+  names+=("$name")
+  if [ $rc = 0 ]; then
+    results+=("passed ($((SECONDS - t0)) s)")
+    passed=$((passed + 1))
+  else
+    results+=("FAILED, exit $rc ($((SECONDS - t0)) s)")
+    failed=$((failed + 1))
+  fi
+  echo "==== $name: ${results[-1]}"
+}
+
+not_run() {
+  names+=("$1")
+  results+=("FAILED, not run: $2")
+  failed=$((failed + 1))
+}
+
+cargo_pgrx_test() {
+  local base rc=0
+  # pgrx initdb's and runs its cluster under <base>/15-<pid> as the postgres
+  # user (through sudo), with the socket in <base>: postgres must own it.
+  base=$(mktemp -d "${TMPDIR:-/tmp}/gpu_graph-pgrx.XXXXXX")
+  local runas=()
+  if [ "$(id -u)" = 0 ]; then
+    chown "$GG_PG_USER:" "$base"
+    runas=(--runas "$GG_PG_USER")
+  fi
+  cargo pgrx test pg15 --release "${runas[@]}" --pgdata "$base" || rc=$?
+  rm -rf "$base"
+  return $rc
+}
+
+setup_ok=1
+echo "==== setup: bash scripts/setup.sh"
+if bash scripts/setup.sh; then
+  echo "==== setup: done"
+else
+  setup_ok=0
+  echo "==== setup: FAILED (the suites that need PostgreSQL are not run)"
+fi
+
+suite "crate tests" cargo test --release --workspace --exclude gpu_graph
+if [ $setup_ok = 1 ]; then
+  suite "pg_regress" bash scripts/regress.sh
+  suite "pgrx tests" cargo_pgrx_test
+else
+  not_run "pg_regress" "setup failed"
+  not_run "pgrx tests" "setup failed"
+fi
+# ---- hook: the CUDA kernel compile check (added by a later issue) ----
+if [ -f scripts/check-kernels.sh ]; then
+  suite "kernel compile" bash scripts/check-kernels.sh
+fi
+
+echo
+echo "==== summary"
+[ $setup_ok = 1 ] || echo "setup: FAILED"
+for i in "${!names[@]}"; do
+  printf '%-16s %s\n' "${names[$i]}" "${results[$i]}"
+done
+echo "$passed passed, $failed failed"
+[ $failed = 0 ] && [ $setup_ok = 1 ]

@@ -1,0 +1,226 @@
+//! CREATE INDEX (ambuild) and the init fork of unlogged indexes (ambuildempty).
+//!
+//! The heap is scanned into one contiguous array of stored vectors (already
+//! normalised or augmented per metric), the engine builds the graph on all
+//! cores, and the pages are written in bulk and WAL-logged at the end.
+
+use std::ffi::c_void;
+use std::time::Instant;
+
+use gpu_graph_engine::metric::Metric;
+use gpu_graph_engine::params::BuildParams;
+use gpu_graph_engine::{distance, rnn_descent};
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+
+use super::options;
+use super::vector::{at_tid, check_dim, checked};
+use crate::storage::meta::{Meta, PHASES};
+use crate::storage::page_store::tid_to_payload;
+use crate::storage::writer;
+
+const PHASE_LOAD: i64 = 2;
+const PHASE_BUILD: i64 = 3;
+const PHASE_WRITE: i64 = 4;
+
+#[pg_guard]
+pub unsafe extern "C-unwind" fn ambuildphasename(phase: i64) -> *mut std::ffi::c_char {
+    let name: &'static std::ffi::CStr = match phase {
+        PHASE_LOAD => c"loading tuples",
+        PHASE_BUILD => c"building graph",
+        PHASE_WRITE => c"writing pages",
+        _ => return std::ptr::null_mut(),
+    };
+    name.as_ptr() as *mut _
+}
+
+fn report(param: u32, value: i64) {
+    unsafe { pg_sys::pgstat_progress_update_param(param as i32, value) };
+}
+
+struct Loader {
+    metric: Metric,
+    dim: usize,
+    stored_dim: usize,
+    /// stored vectors, `stored_dim` apart; for inner product the last
+    /// coordinate is filled once the largest norm is known
+    vectors: Vec<f32>,
+    payloads: Vec<u64>,
+    skipped_zero: u64,
+    budget: usize,
+    per_row: usize,
+    estimated_rows: f64,
+}
+
+impl Loader {
+    fn add(&mut self, v: &[f32], payload: u64, whence: &dyn Fn() -> String) {
+        if self.dim == 0 {
+            self.dim = v.len();
+            self.stored_dim = self.metric.stored_dim(self.dim);
+        }
+        check_dim(self.dim, v.len(), whence);
+        if !self.metric.indexable(v) {
+            self.skipped_zero += 1;
+            return;
+        }
+        let rows = self.payloads.len() + 1;
+        let per_row = self.stored_dim * 4 + self.per_row;
+        if rows * per_row > self.budget {
+            let needed = (self.estimated_rows.max(rows as f64) * per_row as f64 / 1048576.0).ceil();
+            ereport!(
+                ERROR,
+                PgSqlErrorCode::ERRCODE_PROGRAM_LIMIT_EXCEEDED,
+                format!(
+                    "gpu_graph: this index needs about {needed} MB of maintenance_work_mem to build ({} bytes a row), but maintenance_work_mem is {} MB",
+                    per_row,
+                    self.budget / 1048576
+                ),
+                format!("Raise it for this build, e.g. SET maintenance_work_mem = '{}MB';", needed as u64 + 64)
+            );
+        }
+        match self.metric {
+            // inner product: raw vector plus the augmentation coordinate, set later
+            Metric::InnerProduct => {
+                self.vectors.extend_from_slice(v);
+                self.vectors.push(0.0);
+            }
+            m => m.prepare_stored(v, 0.0, &mut self.vectors),
+        }
+        self.payloads.push(payload);
+    }
+
+    /// Inner product: fills the augmentation coordinate now that M is known.
+    fn finish(&mut self) -> f32 {
+        if self.metric != Metric::InnerProduct || self.payloads.is_empty() {
+            return 0.0;
+        }
+        use rayon::prelude::*;
+        let (d, sd) = (self.dim, self.stored_dim);
+        let max_norm = self.vectors.par_chunks(sd).map(|v| distance::norm(&v[..d])).reduce(|| 0.0, f32::max);
+        self.vectors.par_chunks_mut(sd).for_each(|v| {
+            let mut tmp = Vec::with_capacity(sd);
+            Metric::InnerProduct.prepare_stored(&v[..d], max_norm, &mut tmp);
+            v.copy_from_slice(&tmp);
+        });
+        max_norm
+    }
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn load_callback(
+    _index: pg_sys::Relation,
+    tid: pg_sys::ItemPointer,
+    values: *mut pg_sys::Datum,
+    isnull: *mut bool,
+    _alive: bool,
+    state: *mut c_void,
+) {
+    if *isnull {
+        return; // NULL vectors are not indexed
+    }
+    let loader = &mut *(state as *mut Loader);
+    let whence = || at_tid(tid);
+    let v = checked(*values, &whence);
+    loader.add(v, tid_to_payload(&*tid), &whence);
+}
+
+fn ms(t: Instant) -> f32 {
+    t.elapsed().as_secs_f32() * 1000.0
+}
+
+#[pg_guard]
+pub unsafe extern "C-unwind" fn ambuild(
+    heap: pg_sys::Relation,
+    index: pg_sys::Relation,
+    index_info: *mut pg_sys::IndexInfo,
+) -> *mut pg_sys::IndexBuildResult {
+    let params = options::build_params(index);
+    let metric = options::metric(index);
+    let total = Instant::now();
+
+    report(pg_sys::PROGRESS_CREATEIDX_SUBPHASE, PHASE_LOAD);
+    let mut loader = Loader {
+        metric,
+        dim: 0,
+        stored_dim: 0,
+        vectors: Vec::new(),
+        payloads: Vec::new(),
+        skipped_zero: 0,
+        budget: pg_sys::maintenance_work_mem as usize * 1024,
+        // payload + the builder's candidate pools + the final lists
+        per_row: 8 + params.r * 16 + params.degree * 4,
+        estimated_rows: (*(*heap).rd_rel).reltuples as f64,
+    };
+    let t = Instant::now();
+    let heap_tuples = pg_sys::table_index_build_scan(
+        heap,
+        index,
+        index_info,
+        true,
+        true,
+        Some(load_callback),
+        &mut loader as *mut Loader as *mut c_void,
+        std::ptr::null_mut(),
+    );
+    let max_norm = loader.finish();
+    let load_ms = ms(t);
+
+    report(pg_sys::PROGRESS_CREATEIDX_SUBPHASE, PHASE_BUILD);
+    let t = Instant::now();
+    let n = loader.payloads.len();
+    let graph = rnn_descent::build(&loader.vectors, loader.stored_dim.max(1), &params, &mut |done: usize, all: usize| {
+        report(pg_sys::PROGRESS_CREATEIDX_TUPLES_TOTAL, all as i64);
+        report(pg_sys::PROGRESS_CREATEIDX_TUPLES_DONE, done as i64);
+        pg_sys::check_for_interrupts!();
+        true
+    })
+    .unwrap_or_else(|| error!("gpu_graph: index build cancelled"));
+    let build_ms = ms(t);
+
+    report(pg_sys::PROGRESS_CREATEIDX_SUBPHASE, PHASE_WRITE);
+    report(pg_sys::PROGRESS_CREATEIDX_TUPLES_TOTAL, n as i64);
+    let t = Instant::now();
+    let mut meta = Meta::new(metric, &params);
+    meta.dim = loader.dim as u32;
+    meta.max_norm = max_norm;
+    meta.node_count = n as u32;
+    meta.entry = graph.entry.unwrap_or(gpu_graph_engine::NO_NODE);
+    meta.built_rows = n as u64;
+    meta.build_device = 1;
+    meta.build_threads = rayon::current_num_threads() as u32;
+    let blocks = writer::write_index(index, &meta, &graph, &loader.vectors, &loader.payloads, &mut |done| {
+        report(pg_sys::PROGRESS_CREATEIDX_TUPLES_DONE, done as i64)
+    });
+    let write_ms = ms(t);
+    let t = Instant::now();
+    writer::log_all(index, blocks);
+    let wal_ms = ms(t);
+    // the timings go into the meta page, which was written (and logged) above:
+    // update it in place through the WAL so a replica sees the same numbers
+    meta.build_ms = [load_ms, build_ms, write_ms, wal_ms];
+    Meta::update(index, |m| m.build_ms = meta.build_ms);
+
+    let phases: Vec<String> =
+        PHASES.iter().zip(meta.build_ms).map(|(p, t)| format!("{p} {:.2} s", t / 1000.0)).collect();
+    notice!(
+        "gpu_graph: built {n} rows ({} dims, {}) on the CPU with {} threads in {:.2} s: {}{}",
+        loader.dim,
+        metric.name(),
+        meta.build_threads,
+        total.elapsed().as_secs_f64(),
+        phases.join(", "),
+        if loader.skipped_zero > 0 { format!("; {} zero vectors not indexed", loader.skipped_zero) } else { String::new() }
+    );
+
+    let mut result = pgrx::PgBox::<pg_sys::IndexBuildResult>::alloc0();
+    result.heap_tuples = heap_tuples;
+    result.index_tuples = n as f64;
+    result.into_pg()
+}
+
+#[pg_guard]
+pub unsafe extern "C-unwind" fn ambuildempty(index: pg_sys::Relation) {
+    let params: BuildParams = options::build_params(index);
+    let meta = Meta::new(options::metric(index), &params);
+    writer::write_init_fork(index, &meta);
+}

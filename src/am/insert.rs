@@ -1,0 +1,61 @@
+//! INSERT / COPY / UPDATE after CREATE INDEX (aminsert): the engine's one
+//! insert routine over the index's pages.
+
+use gpu_graph_engine::{distance, insert};
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+
+use super::options;
+use super::vector::{at_tid, check_dim, checked};
+use crate::storage::meta::Meta;
+use crate::storage::page_store::{tid_to_payload, PageStore};
+
+/// Beam of the neighbour search for a new row: wider than a query's because
+/// the new node's list is built from it once and kept.
+pub fn insert_ef(degree: usize) -> usize {
+    (2 * degree).max(64)
+}
+
+#[pg_guard]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C-unwind" fn aminsert(
+    index: pg_sys::Relation,
+    values: *mut pg_sys::Datum,
+    isnull: *mut bool,
+    heap_tid: pg_sys::ItemPointer,
+    _heap: pg_sys::Relation,
+    _check_unique: pg_sys::IndexUniqueCheck::Type,
+    _index_unchanged: bool,
+    _index_info: *mut pg_sys::IndexInfo,
+) -> bool {
+    if *isnull {
+        return false;
+    }
+    let whence = || at_tid(heap_tid);
+    let v = checked(*values, &whence);
+    let mut meta = Meta::read(index);
+    if meta.dim == 0 {
+        // an index built on an empty table takes its dimensions from the first row
+        let metric = options::metric(index);
+        meta = {
+            Meta::update(index, |m| {
+                if m.dim == 0 {
+                    m.dim = v.len() as u32;
+                    m.max_norm = distance::norm(v);
+                }
+            });
+            Meta::read(index)
+        };
+        debug_assert_eq!(meta.metric(), metric);
+    }
+    check_dim(meta.dim as usize, v.len(), &whence);
+    let metric = meta.metric();
+    if !metric.indexable(v) {
+        return false; // zero vectors have no direction under cosine
+    }
+    let mut stored = Vec::with_capacity(meta.stored_dim());
+    metric.prepare_stored(v, meta.max_norm, &mut stored);
+    let store = PageStore::new(index, &meta);
+    insert::insert(&store, &stored, tid_to_payload(&*heap_tid), insert_ef(meta.degree as usize));
+    false
+}

@@ -1,0 +1,126 @@
+//! Index options (WITH (...)) and how the index's opclass picks the metric.
+
+use std::ffi::{c_char, CStr};
+
+use gpu_graph_engine::metric::Metric;
+use gpu_graph_engine::params::BuildParams;
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+
+static mut KIND: pg_sys::relopt_kind::Type = 0;
+
+pub const ALGORITHMS: [&str; 1] = ["rnn_descent"];
+
+#[repr(C)]
+struct Options {
+    vl_len_: i32,
+    /// offset of the algorithm string within this struct's allocation
+    algorithm: i32,
+    degree: i32,
+    s: i32,
+    r: i32,
+    t1: i32,
+    t2: i32,
+    rho: f64,
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn validate_algorithm(value: *const c_char) {
+    if value.is_null() {
+        return;
+    }
+    let v = CStr::from_ptr(value).to_string_lossy();
+    if !ALGORITHMS.contains(&v.as_ref()) {
+        ereport!(
+            ERROR,
+            PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+            format!("invalid value for gpu_graph option \"algorithm\": \"{v}\""),
+            format!("Valid values: {}.", ALGORITHMS.join(", "))
+        );
+    }
+}
+
+/// Registers the options; called from _PG_init.
+pub fn register() {
+    let d = BuildParams::default();
+    let lock = pg_sys::AccessExclusiveLock as i32;
+    unsafe {
+        KIND = pg_sys::add_reloption_kind();
+        pg_sys::add_string_reloption(
+            KIND,
+            c"algorithm".as_ptr(),
+            c"Graph construction algorithm".as_ptr(),
+            c"rnn_descent".as_ptr(),
+            Some(validate_algorithm),
+            lock,
+        );
+        pg_sys::add_int_reloption(KIND, c"degree".as_ptr(), c"Neighbours kept per node".as_ptr(), d.degree as i32, 8, 128, lock);
+        pg_sys::add_int_reloption(KIND, c"s".as_ptr(), c"RNN-Descent: random initial neighbours".as_ptr(), d.s as i32, 1, 128, lock);
+        pg_sys::add_int_reloption(KIND, c"r".as_ptr(), c"RNN-Descent: candidate pool capacity".as_ptr(), d.r as i32, 8, 512, lock);
+        pg_sys::add_int_reloption(KIND, c"t1".as_ptr(), c"RNN-Descent: outer rounds".as_ptr(), d.t1 as i32, 1, 32, lock);
+        pg_sys::add_int_reloption(KIND, c"t2".as_ptr(), c"RNN-Descent: update rounds per outer round".as_ptr(), d.t2 as i32, 1, 64, lock);
+        pg_sys::add_real_reloption(KIND, c"rho".as_ptr(), c"Share of each list given reverse edges between outer rounds".as_ptr(), d.rho as f64, 0.0, 1.0, lock);
+    }
+}
+
+#[pg_guard]
+pub unsafe extern "C-unwind" fn amoptions(reloptions: pg_sys::Datum, validate: bool) -> *mut pg_sys::bytea {
+    let elt = |name: &'static CStr, t: pg_sys::relopt_type::Type, offset: usize| pg_sys::relopt_parse_elt {
+        optname: name.as_ptr(),
+        opttype: t,
+        offset: offset as i32,
+    };
+    use pg_sys::relopt_type::*;
+    let tab = [
+        elt(c"algorithm", RELOPT_TYPE_STRING, std::mem::offset_of!(Options, algorithm)),
+        elt(c"degree", RELOPT_TYPE_INT, std::mem::offset_of!(Options, degree)),
+        elt(c"s", RELOPT_TYPE_INT, std::mem::offset_of!(Options, s)),
+        elt(c"r", RELOPT_TYPE_INT, std::mem::offset_of!(Options, r)),
+        elt(c"t1", RELOPT_TYPE_INT, std::mem::offset_of!(Options, t1)),
+        elt(c"t2", RELOPT_TYPE_INT, std::mem::offset_of!(Options, t2)),
+        elt(c"rho", RELOPT_TYPE_REAL, std::mem::offset_of!(Options, rho)),
+    ];
+    pg_sys::build_reloptions(reloptions, validate, KIND, std::mem::size_of::<Options>(), tab.as_ptr(), tab.len() as i32)
+        as *mut pg_sys::bytea
+}
+
+/// The build parameters of an index (defaults where no option was given).
+///
+/// # Safety
+/// `index` must be an open gpu_graph index.
+pub unsafe fn build_params(index: pg_sys::Relation) -> BuildParams {
+    let mut p = BuildParams::default();
+    let o = (*index).rd_options as *const Options;
+    if !o.is_null() {
+        p.degree = (*o).degree as usize;
+        p.s = (*o).s as usize;
+        p.r = (*o).r as usize;
+        p.t1 = (*o).t1 as usize;
+        p.t2 = (*o).t2 as usize;
+        p.rho = (*o).rho as f32;
+    }
+    if p.r < p.degree {
+        ereport!(
+            ERROR,
+            PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+            format!("gpu_graph option \"r\" ({}) must be at least \"degree\" ({})", p.r, p.degree)
+        );
+    }
+    p
+}
+
+/// The metric of the index's operator class, from its distance function.
+///
+/// # Safety
+/// `index` must be an open gpu_graph index.
+pub unsafe fn metric(index: pg_sys::Relation) -> Metric {
+    let proc_oid = pg_sys::index_getprocid(index, 1, 1);
+    let name = pg_sys::get_func_name(proc_oid);
+    let name = if name.is_null() { String::new() } else { CStr::from_ptr(name).to_string_lossy().into_owned() };
+    match name.as_str() {
+        "l2_distance" => Metric::L2,
+        "cosine_distance" => Metric::Cosine,
+        "negative_inner_product" => Metric::InnerProduct,
+        other => error!("gpu_graph: operator class uses an unknown distance function \"{other}\""),
+    }
+}

@@ -1,0 +1,151 @@
+//! Index scans (ambeginscan … amendscan): the engine's resumable search over
+//! the index's pages, handing out heap TIDs in increasing distance with the
+//! exact distance in xs_orderbyvals.
+
+use std::collections::VecDeque;
+
+use gpu_graph_engine::metric::Metric;
+use gpu_graph_engine::search::{Hit, Search};
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+use pgrx::PgMemoryContexts;
+
+use super::vector::{check_dim, checked};
+use crate::gucs::{IterativeScan, EF_SEARCH, ITERATIVE_SCAN};
+use crate::storage::meta::Meta;
+use crate::storage::page_store::{payload_to_tid, PageStore};
+
+struct ScanState {
+    store: Option<PageStore>,
+    metric: Metric,
+    search: Option<Search>,
+    batch: VecDeque<Hit>,
+    rounds: u32,
+    last: f32,
+    /// the query was NULL: rows come in no order with NULL distances
+    null_query: bool,
+    done: bool,
+}
+
+unsafe fn state<'a>(scan: pg_sys::IndexScanDesc) -> &'a mut ScanState {
+    &mut *((*scan).opaque as *mut ScanState)
+}
+
+#[pg_guard]
+pub unsafe extern "C-unwind" fn ambeginscan(
+    index: pg_sys::Relation,
+    nkeys: i32,
+    norderbys: i32,
+) -> pg_sys::IndexScanDesc {
+    let scan = pg_sys::RelationGetIndexScan(index, nkeys, norderbys);
+    let st = ScanState {
+        store: None,
+        metric: Metric::L2,
+        search: None,
+        batch: VecDeque::new(),
+        rounds: 0,
+        last: f32::NEG_INFINITY,
+        null_query: false,
+        done: false,
+    };
+    // dropped when the scan's memory context goes, also after an ERROR
+    (*scan).opaque = PgMemoryContexts::CurrentMemoryContext.leak_and_drop_on_delete(st) as *mut std::ffi::c_void;
+    let n = norderbys.max(1) as usize;
+    (*scan).xs_orderbyvals = pg_sys::palloc0(n * std::mem::size_of::<pg_sys::Datum>()) as *mut pg_sys::Datum;
+    (*scan).xs_orderbynulls = pg_sys::palloc0(n * std::mem::size_of::<bool>()) as *mut bool;
+    scan
+}
+
+#[pg_guard]
+pub unsafe extern "C-unwind" fn amrescan(
+    scan: pg_sys::IndexScanDesc,
+    _keys: pg_sys::ScanKey,
+    _nkeys: i32,
+    orderbys: pg_sys::ScanKey,
+    norderbys: i32,
+) {
+    if !orderbys.is_null() && norderbys > 0 {
+        std::ptr::copy(orderbys, (*scan).orderByData, norderbys as usize);
+    }
+    let st = state(scan);
+    st.search = None;
+    st.store = None;
+    st.batch.clear();
+    st.rounds = 0;
+    st.last = f32::NEG_INFINITY;
+    st.null_query = false;
+    st.done = false;
+}
+
+/// Starts the search on the first amgettuple of a (re)scan.
+unsafe fn start(scan: pg_sys::IndexScanDesc, st: &mut ScanState) {
+    let index = (*scan).indexRelation;
+    if (*scan).numberOfOrderBys == 0 {
+        error!("gpu_graph indexes only answer ORDER BY <distance operator> queries");
+    }
+    let meta = Meta::read(index);
+    if meta.dim == 0 {
+        st.done = true; // nothing indexed yet
+        return;
+    }
+    let key = &*(*scan).orderByData;
+    st.metric = meta.metric();
+    let store = PageStore::new(index, &meta);
+    let query: Vec<f32> = if key.sk_flags & pg_sys::SK_ISNULL as i32 != 0 {
+        st.null_query = true;
+        vec![0.0; meta.dim as usize]
+    } else {
+        let whence = String::new;
+        let v = checked(key.sk_argument, &whence);
+        check_dim(meta.dim as usize, v.len(), &whence);
+        v.to_vec()
+    };
+    st.search = Some(Search::new(&store, st.metric, &query));
+    st.store = Some(store);
+}
+
+#[pg_guard]
+pub unsafe extern "C-unwind" fn amgettuple(scan: pg_sys::IndexScanDesc, _dir: pg_sys::ScanDirection::Type) -> bool {
+    let st = state(scan);
+    if st.search.is_none() && !st.done {
+        start(scan, st);
+    }
+    let mode = ITERATIVE_SCAN.get();
+    loop {
+        if st.done {
+            return false;
+        }
+        if let Some(hit) = st.batch.pop_front() {
+            if mode == IterativeScan::StrictOrder && hit.dist < st.last {
+                continue;
+            }
+            st.last = st.last.max(hit.dist);
+            (*scan).xs_heaptid = payload_to_tid(hit.payload);
+            (*scan).xs_recheck = false;
+            (*scan).xs_recheckorderby = false;
+            *(*scan).xs_orderbyvals = pg_sys::Datum::from(st.metric.to_sql(hit.dist).to_bits());
+            *(*scan).xs_orderbynulls = st.null_query;
+            return true;
+        }
+        if mode == IterativeScan::Off && st.rounds > 0 {
+            return false;
+        }
+        pg_sys::check_for_interrupts!();
+        let (search, store) = (st.search.as_mut().unwrap(), st.store.as_ref().unwrap());
+        let batch = search.next_round(store, EF_SEARCH.get() as usize);
+        st.rounds += 1;
+        if batch.is_empty() {
+            st.done = true;
+            return false;
+        }
+        st.batch = batch.into();
+    }
+}
+
+#[pg_guard]
+pub unsafe extern "C-unwind" fn amendscan(scan: pg_sys::IndexScanDesc) {
+    // free the search's memory now rather than with the context
+    let st = state(scan);
+    st.search = None;
+    st.batch = VecDeque::new();
+}

@@ -1,0 +1,48 @@
+//! The checks a vector passes before the index takes it, the same for
+//! CREATE INDEX, INSERT and the query of a scan.
+
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+
+use crate::types::array::{non_finite, real_array, MAX_DIM};
+
+/// Where a vector came from, for error messages: " (row (0,5))" or "".
+pub fn at_tid(tid: pg_sys::ItemPointer) -> String {
+    if tid.is_null() {
+        return String::new();
+    }
+    let (block, offset) = pgrx::itemptr::item_pointer_get_both(unsafe { *tid });
+    format!(" (row ({block},{offset}))")
+}
+
+fn data_error(msg: String) -> ! {
+    ereport!(ERROR, PgSqlErrorCode::ERRCODE_DATA_EXCEPTION, msg);
+}
+
+/// The vector in `datum`, or an ERROR that says what is wrong and where.
+///
+/// # Safety
+/// `datum` must be a non-null real[] datum.
+pub unsafe fn checked<'a>(datum: pg_sys::Datum, whence: &dyn Fn() -> String) -> &'a [f32] {
+    let v = match real_array(datum) {
+        Ok(v) => v,
+        Err(e) => data_error(format!("{}{}", e.message(), whence())),
+    };
+    if v.is_empty() {
+        data_error(format!("gpu_graph vectors must have at least 1 dimension{}", whence()));
+    }
+    if v.len() > MAX_DIM {
+        data_error(format!("gpu_graph vectors can have at most {MAX_DIM} dimensions, not {}{}", v.len(), whence()));
+    }
+    if let Some(x) = non_finite(v) {
+        data_error(format!("gpu_graph vectors must not contain NaN or infinity, found {x}{}", whence()));
+    }
+    v
+}
+
+/// ERROR unless `got` equals the index's dimension count.
+pub fn check_dim(expected: usize, got: usize, whence: &dyn Fn() -> String) {
+    if expected != got {
+        data_error(format!("expected {expected} dimensions, not {got}{}", whence()));
+    }
+}

@@ -1,0 +1,31 @@
+//! gpu_graph: the PostgreSQL side. Thin glue over `gpu_graph_engine`: one file
+//! per access-method callback under `am/`, the page layout and WAL under
+//! `storage/`, the SQL types and operators under `types/`.
+
+use pgrx::prelude::*;
+
+mod am;
+mod gucs;
+mod storage;
+mod types;
+
+::pgrx::pg_module_magic!();
+
+#[pg_guard]
+pub extern "C-unwind" fn _PG_init() {
+    gucs::register();
+    am::options::register();
+}
+
+#[cfg(any(test, feature = "pg_test"))]
+#[pg_schema]
+mod tests;
+
+/// Required by `cargo pgrx test`.
+#[cfg(test)]
+pub mod pg_test {
+    pub fn setup(_options: Vec<&str>) {}
+    pub fn postgresql_conf_options() -> Vec<&'static str> {
+        vec![]
+    }
+}

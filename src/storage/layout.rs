@@ -1,0 +1,77 @@
+//! Where node `n` lives.
+//!
+//! Block 0 is the meta page. The rest is a sequence of chunks; a chunk is one
+//! graph page holding the neighbour lists of `per_chunk` nodes, followed by
+//! the vector pages holding those nodes' vector tuples. A vector tuple is the
+//! heap TID, a flags word and the stored vector, so a scan reads a node's TID,
+//! its deleted flag and its vector under one buffer lock (a slot reused after
+//! VACUUM can never pair one row's TID with another row's distance).
+//! Separating lists from vectors keeps every node a fixed size up to 2000
+//! dimensions, where list and vector together would not fit a page.
+
+pub const BLCKSZ: usize = pgrx::pg_sys::BLCKSZ as usize;
+/// Page header, MAXALIGNed.
+pub const PAGE_HEADER: usize = 24;
+pub const USABLE: usize = BLCKSZ - PAGE_HEADER;
+/// TID (6 bytes) + flags (2 bytes) before each stored vector.
+pub const VECTOR_HEADER: usize = 8;
+
+pub const FLAG_DELETED: u16 = 1;
+pub const FLAG_FREE: u16 = 2;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Layout {
+    pub degree: usize,
+    pub stored_dim: usize,
+    /// nodes per chunk (= lists per graph page)
+    pub per_chunk: usize,
+    /// vector tuples per vector page
+    pub per_vector_page: usize,
+    pub pages_per_chunk: usize,
+}
+
+impl Layout {
+    pub fn new(degree: usize, stored_dim: usize) -> Layout {
+        let per_chunk = USABLE / (4 * degree);
+        let per_vector_page = (USABLE / (VECTOR_HEADER + 4 * stored_dim)).max(1);
+        let vector_pages = per_chunk.div_ceil(per_vector_page);
+        Layout { degree, stored_dim, per_chunk, per_vector_page, pages_per_chunk: 1 + vector_pages }
+    }
+    pub fn vector_size(&self) -> usize {
+        VECTOR_HEADER + 4 * self.stored_dim
+    }
+    pub fn graph_block(&self, node: u32) -> u32 {
+        1 + (node as usize / self.per_chunk * self.pages_per_chunk) as u32
+    }
+    /// Byte offset of the node's list in its graph page's contents.
+    pub fn graph_offset(&self, node: u32) -> usize {
+        node as usize % self.per_chunk * 4 * self.degree
+    }
+    pub fn vector_block(&self, node: u32) -> u32 {
+        let slot = node as usize % self.per_chunk;
+        self.graph_block(node) + 1 + (slot / self.per_vector_page) as u32
+    }
+    pub fn vector_offset(&self, node: u32) -> usize {
+        node as usize % self.per_chunk % self.per_vector_page * self.vector_size()
+    }
+    /// Blocks needed (meta included) for `nodes` nodes.
+    pub fn blocks_for(&self, nodes: u32) -> u32 {
+        let chunks = (nodes as usize).div_ceil(self.per_chunk);
+        (1 + chunks * self.pages_per_chunk) as u32
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[test]
+    fn fits_a_page_at_the_limits() {
+        for (degree, dim) in [(8, 1), (32, 128), (32, 384), (128, 2000), (8, 2001)] {
+            let l = Layout::new(degree, dim);
+            assert!(l.per_chunk * 4 * degree <= USABLE);
+            assert!(l.per_vector_page * l.vector_size() <= USABLE, "{degree} {dim}");
+            let last = l.per_chunk as u32 - 1;
+            assert_eq!(l.vector_block(last), l.graph_block(0) + l.pages_per_chunk as u32 - 1);
+        }
+    }
+}

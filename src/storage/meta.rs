@@ -1,0 +1,144 @@
+//! The meta page (block 0): what the index is and where to start.
+
+use gpu_graph_engine::metric::Metric;
+use gpu_graph_engine::params::BuildParams;
+use gpu_graph_engine::NO_NODE;
+use pgrx::pg_sys;
+
+use super::buffer::{init_page, page_contents, Locked, Xlog};
+use super::layout::Layout;
+
+pub const MAGIC: u32 = 0x4750_4752; // "GPGR"
+pub const FORMAT_VERSION: u32 = 1;
+/// Node ids freed by VACUUM and kept for reuse by inserts.
+pub const FREE_CAP: usize = 1800;
+
+/// Build phases whose duration the meta page records, in this order.
+pub const PHASES: [&str; 4] = ["heap scan", "graph construction", "page writes", "WAL"];
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct Meta {
+    pub magic: u32,
+    pub version: u32,
+    /// input dimensions; 0 while the index holds no vector yet
+    pub dim: u32,
+    pub metric: u32,
+    pub degree: u32,
+    /// 0 = rnn_descent
+    pub algorithm: u32,
+    pub s: u32,
+    pub r: u32,
+    pub t1: u32,
+    pub t2: u32,
+    pub rho: f32,
+    /// M of the inner-product augmentation (see engine::metric)
+    pub max_norm: f32,
+    /// ids below this have been allocated
+    pub node_count: u32,
+    pub entry: u32,
+    /// bumped by every change a copy of the index elsewhere must see
+    pub generation: u64,
+    /// rows indexed by CREATE INDEX
+    pub built_rows: u64,
+    /// 1 = CPU; later: 2 = GPU
+    pub build_device: u32,
+    pub build_threads: u32,
+    pub build_ms: [f32; 4],
+    pub free_count: u32,
+    pub free: [u32; FREE_CAP],
+}
+
+impl Meta {
+    pub fn new(metric: Metric, params: &BuildParams) -> Meta {
+        Meta {
+            magic: MAGIC,
+            version: FORMAT_VERSION,
+            dim: 0,
+            metric: metric.code(),
+            degree: params.degree as u32,
+            algorithm: 0,
+            s: params.s as u32,
+            r: params.r as u32,
+            t1: params.t1 as u32,
+            t2: params.t2 as u32,
+            rho: params.rho,
+            max_norm: 0.0,
+            node_count: 0,
+            entry: NO_NODE,
+            generation: 0,
+            built_rows: 0,
+            build_device: 0,
+            build_threads: 0,
+            build_ms: [0.0; 4],
+            free_count: 0,
+            free: [NO_NODE; FREE_CAP],
+        }
+    }
+    pub fn metric(&self) -> Metric {
+        Metric::from_code(self.metric).expect("gpu_graph: corrupt meta page (metric)")
+    }
+    pub fn stored_dim(&self) -> usize {
+        self.metric().stored_dim(self.dim as usize)
+    }
+    pub fn layout(&self) -> Layout {
+        Layout::new(self.degree as usize, self.stored_dim())
+    }
+    pub fn entry(&self) -> Option<u32> {
+        (self.entry != NO_NODE).then_some(self.entry)
+    }
+    pub fn params(&self) -> BuildParams {
+        BuildParams {
+            degree: self.degree as usize,
+            s: self.s as usize,
+            r: self.r as usize,
+            t1: self.t1 as usize,
+            t2: self.t2 as usize,
+            rho: self.rho,
+            seed: BuildParams::default().seed,
+        }
+    }
+
+    /// # Safety
+    /// `rel` must be an open gpu_graph index.
+    pub unsafe fn read(rel: pg_sys::Relation) -> Meta {
+        let b = Locked::read(rel, 0, false);
+        Self::from_page(b.contents())
+    }
+
+    unsafe fn from_page(p: *const u8) -> Meta {
+        let m = std::ptr::read_unaligned(p as *const Meta);
+        if m.magic != MAGIC || m.version != FORMAT_VERSION {
+            pgrx::error!("gpu_graph: the index's meta page is not of format {FORMAT_VERSION}; REINDEX it");
+        }
+        m
+    }
+
+    /// Writes `self` into a fresh page image.
+    ///
+    /// # Safety
+    /// `page` must be a BLCKSZ page image.
+    pub unsafe fn write_fresh(&self, page: pg_sys::Page) {
+        init_page(page);
+        std::ptr::write_unaligned(page_contents(page) as *mut Meta, *self);
+    }
+
+    /// Reads the meta page under an exclusive lock, lets `f` change it, and
+    /// WAL-logs the change. Returns what `f` returned.
+    ///
+    /// # Safety
+    /// `rel` must be an open gpu_graph index.
+    pub unsafe fn update<T>(rel: pg_sys::Relation, f: impl FnOnce(&mut Meta) -> T) -> T {
+        let b = Locked::read(rel, 0, true);
+        let mut m = Self::from_page(b.contents());
+        let out = f(&mut m);
+        m.generation += 1;
+        let mut x = Xlog::start(rel);
+        let page = x.register(&b, false);
+        std::ptr::write_unaligned(page_contents(page) as *mut Meta, m);
+        x.finish();
+        out
+    }
+}
+
+const _: () = assert!(std::mem::size_of::<Meta>() <= super::layout::USABLE);

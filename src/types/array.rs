@@ -1,0 +1,68 @@
+//! Reading a `real[]` datum as a `&[f32]` without copying, with the checks
+//! every path (operators, build, insert, scan) applies the same way.
+
+use pgrx::pg_sys;
+
+/// Limits as pgvector's: a stored f32 vector plus its header fits a page.
+pub const MAX_DIM: usize = 2000;
+
+/// Why a real[] cannot be used as a vector.
+#[derive(Debug, Clone, PartialEq)]
+pub enum VectorError {
+    MultiDim(i32),
+    HasNulls,
+    NotReal,
+}
+
+impl VectorError {
+    pub fn message(&self) -> String {
+        match self {
+            VectorError::MultiDim(n) => format!("gpu_graph vectors must be one-dimensional arrays, not {n}-dimensional"),
+            VectorError::HasNulls => "gpu_graph vectors must not contain NULL elements".into(),
+            VectorError::NotReal => "gpu_graph vectors must be real[]".into(),
+        }
+    }
+}
+
+/// The elements of a real[] datum. The datum is detoasted into the current
+/// memory context when needed, so the slice lives as long as that context.
+///
+/// # Safety
+/// `datum` must be a non-null datum of an array type.
+pub unsafe fn real_array<'a>(datum: pg_sys::Datum) -> Result<&'a [f32], VectorError> {
+    let arr = pg_sys::pg_detoast_datum(datum.cast_mut_ptr()) as *mut pg_sys::ArrayType;
+    let ndim = (*arr).ndim;
+    if (*arr).elemtype != pg_sys::FLOAT4OID {
+        return Err(VectorError::NotReal);
+    }
+    if ndim == 0 {
+        return Ok(&[]);
+    }
+    if ndim != 1 {
+        return Err(VectorError::MultiDim(ndim));
+    }
+    if (*arr).dataoffset != 0 {
+        // a null bitmap is present: some element is NULL
+        return Err(VectorError::HasNulls);
+    }
+    let dims = (arr as *const u8).add(std::mem::size_of::<pg_sys::ArrayType>()) as *const i32;
+    let len = *dims as usize;
+    // ARR_OVERHEAD_NONULLS(1): header plus dims and lbound, MAXALIGNed
+    let header = (std::mem::size_of::<pg_sys::ArrayType>() + 2 * std::mem::size_of::<i32>() + 7) & !7;
+    let data = (arr as *const u8).add(header) as *const f32;
+    Ok(std::slice::from_raw_parts(data, len))
+}
+
+/// Raises the ERROR for a vector that cannot be indexed or compared.
+pub fn error(e: VectorError) -> ! {
+    pgrx::ereport!(
+        ERROR,
+        pgrx::PgSqlErrorCode::ERRCODE_DATA_EXCEPTION,
+        e.message()
+    );
+}
+
+/// The first non-finite element, if any.
+pub fn non_finite(v: &[f32]) -> Option<f32> {
+    v.iter().copied().find(|x| !x.is_finite())
+}

@@ -8,7 +8,8 @@
 #    pgrx extension (the engine: algorithms, recall floors on ../shared/data;
 #    the benchmark runner)
 # 3. pg_regress: tests/pg_regress/sql/*.sql against a throwaway cluster with
-#    the installed extension (scripts/regress.sh)
+#    the installed extension (scripts/regress.sh); then the cluster-level tests
+#    in tests/cluster (WAL replay on a replica and after a crash, concurrency)
 # 4. pgrx tests: the extension's #[pg_test]s (`cargo pgrx test`, in a cluster
 #    run as the postgres OS user). It installs a build with the test functions
 #    in place of the release one, so it runs after pg_regress; the next
@@ -79,9 +80,13 @@ fi
 suite "crate tests" cargo test --release --workspace --exclude gpu_graph
 if [ $setup_ok = 1 ]; then
   suite "pg_regress" bash scripts/regress.sh
+  for t in tests/cluster/*.sh; do
+    suite "$(basename "$t" .sh)" bash "$t"
+  done
   suite "pgrx tests" cargo_pgrx_test
 else
   not_run "pg_regress" "setup failed"
+  not_run "cluster tests" "setup failed"
   not_run "pgrx tests" "setup failed"
 fi
 # ---- hook: the CUDA kernel compile check (added by a later issue) ----

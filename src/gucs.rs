@@ -18,6 +18,20 @@ pub enum IterativeScan {
     StrictOrder,
 }
 
+#[derive(PostgresGucEnum, Clone, Copy, PartialEq, Eq, Debug)]
+pub enum BuildDevice {
+    /// the GPU when a usable one is found, else the CPU (with a WARNING)
+    #[name = c"auto"]
+    Auto,
+    /// the GPU or an ERROR
+    #[name = c"gpu"]
+    Gpu,
+    #[name = c"cpu"]
+    Cpu,
+}
+
+pub static BUILD_DEVICE: GucSetting<BuildDevice> = GucSetting::<BuildDevice>::new(BuildDevice::Auto);
+
 pub static ITERATIVE_SCAN: GucSetting<IterativeScan> = GucSetting::<IterativeScan>::new(IterativeScan::RelaxedOrder);
 
 pub fn register() {
@@ -28,6 +42,15 @@ pub fn register() {
         &EF_SEARCH,
         1,
         1000,
+        GucContext::Userset,
+        GucFlags::default(),
+    );
+    GucRegistry::define_enum_guc(
+        c"gpu_graph.build_device",
+        c"Where CREATE INDEX builds the graph: auto, gpu or cpu.",
+        c"auto uses a GPU when one is usable and falls back to the CPU with a WARNING that says why; \
+          gpu makes that an ERROR; cpu never touches CUDA.",
+        &BUILD_DEVICE,
         GucContext::Userset,
         GucFlags::default(),
     );

@@ -9,10 +9,11 @@ use std::time::Instant;
 
 use gpu_graph_engine::metric::Metric;
 use gpu_graph_engine::params::BuildParams;
-use gpu_graph_engine::{distance, rnn_descent};
+use gpu_graph_engine::distance;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 
+use super::construct::{construct, Device};
 use super::options;
 use super::vector::{at_tid, check_dim, checked};
 use crate::storage::meta::{Meta, PHASES};
@@ -166,16 +167,9 @@ pub unsafe extern "C-unwind" fn ambuild(
     let load_ms = ms(t);
 
     report(pg_sys::PROGRESS_CREATEIDX_SUBPHASE, PHASE_BUILD);
-    let t = Instant::now();
     let n = loader.payloads.len();
-    let graph = rnn_descent::build(&loader.vectors, loader.stored_dim.max(1), &params, &mut |done: usize, all: usize| {
-        report(pg_sys::PROGRESS_CREATEIDX_TUPLES_TOTAL, all as i64);
-        report(pg_sys::PROGRESS_CREATEIDX_TUPLES_DONE, done as i64);
-        pg_sys::check_for_interrupts!();
-        true
-    })
-    .unwrap_or_else(|| error!("gpu_graph: index build cancelled"));
-    let build_ms = ms(t);
+    let knn = options::knn_init(index);
+    let built = construct(&loader.vectors, loader.stored_dim.max(1), n, &params, knn);
 
     report(pg_sys::PROGRESS_CREATEIDX_SUBPHASE, PHASE_WRITE);
     report(pg_sys::PROGRESS_CREATEIDX_TUPLES_TOTAL, n as i64);
@@ -184,11 +178,21 @@ pub unsafe extern "C-unwind" fn ambuild(
     meta.dim = loader.dim as u32;
     meta.max_norm = max_norm;
     meta.node_count = n as u32;
-    meta.entry = graph.entry.unwrap_or(gpu_graph_engine::NO_NODE);
+    meta.entry = built.graph.entry.unwrap_or(gpu_graph_engine::NO_NODE);
     meta.built_rows = n as u64;
-    meta.build_device = 1;
-    meta.build_threads = rayon::current_num_threads() as u32;
-    let blocks = writer::write_index(index, &meta, &graph, &loader.vectors, &loader.payloads, &mut |done| {
+    let device = match &built.device {
+        Device::Cpu { threads } => {
+            meta.build_device = 1;
+            meta.build_threads = *threads as u32;
+            format!("the CPU with {threads} threads")
+        }
+        Device::Gpu { name } => {
+            meta.build_device = 2;
+            meta.set_device_name(name);
+            format!("the GPU ({name})")
+        }
+    };
+    let blocks = writer::write_index(index, &meta, &built.graph, &loader.vectors, &loader.payloads, &mut |done| {
         report(pg_sys::PROGRESS_CREATEIDX_TUPLES_DONE, done as i64)
     });
     let write_ms = ms(t);
@@ -196,17 +200,20 @@ pub unsafe extern "C-unwind" fn ambuild(
     writer::log_all(index, blocks);
     let wal_ms = ms(t);
     // the timings go into the meta page, which was written (and logged) above:
-    // update it in place through the WAL so a replica sees the same numbers
-    meta.build_ms = [load_ms, build_ms, write_ms, wal_ms];
-    Meta::update(index, |m| m.build_ms = meta.build_ms);
+    // update it through the WAL so a replica sees the same numbers
+    let timings = [load_ms, built.upload_ms, built.construct_ms, built.download_ms, write_ms, wal_ms];
+    Meta::update(index, |m| m.build_ms = timings);
 
-    let phases: Vec<String> =
-        PHASES.iter().zip(meta.build_ms).map(|(p, t)| format!("{p} {:.2} s", t / 1000.0)).collect();
+    let phases: Vec<String> = PHASES
+        .iter()
+        .zip(timings)
+        .filter(|(p, t)| *t > 0.0 || !matches!(**p, "upload" | "download"))
+        .map(|(p, t)| format!("{p} {:.2} s", t / 1000.0))
+        .collect();
     notice!(
-        "gpu_graph: built {n} rows ({} dims, {}) on the CPU with {} threads in {:.2} s: {}{}",
+        "gpu_graph: built {n} rows ({} dims, {}) on {device} in {:.2} s: {}{}",
         loader.dim,
         metric.name(),
-        meta.build_threads,
         total.elapsed().as_secs_f64(),
         phases.join(", "),
         if loader.skipped_zero > 0 { format!("; {} zero vectors not indexed", loader.skipped_zero) } else { String::new() }

@@ -53,7 +53,8 @@ fn gpu_graph_info(index: pg_sys::Oid) -> JsonB {
             "parameters": {"s": p.s, "r": p.r, "t1": p.t1, "t2": p.t2, "rho": p.rho},
             "build": {
                 "device": match meta.build_device { 1 => "cpu", 2 => "gpu", _ => "none" },
-                "threads": meta.build_threads,
+                "gpu": (meta.build_device == 2).then(|| meta.device_name()),
+                "threads": (meta.build_device == 1).then_some(meta.build_threads),
                 "rows": meta.built_rows,
                 "phases": phases,
             },

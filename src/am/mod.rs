@@ -2,6 +2,7 @@
 //! engine and `storage`.
 
 pub mod build;
+pub mod construct;
 pub mod cost;
 pub mod info;
 pub mod insert;

@@ -10,6 +10,7 @@ use pgrx::prelude::*;
 static mut KIND: pg_sys::relopt_kind::Type = 0;
 
 pub const ALGORITHMS: [&str; 1] = ["rnn_descent"];
+pub const KNN_INITS: [&str; 3] = ["auto", "random", "exact"];
 
 #[repr(C)]
 struct Options {
@@ -22,22 +23,33 @@ struct Options {
     t1: i32,
     t2: i32,
     rho: f64,
+    /// offset of the knn string
+    knn: i32,
 }
 
-#[pg_guard]
-unsafe extern "C-unwind" fn validate_algorithm(value: *const c_char) {
+unsafe fn validate_choice(option: &str, valid: &[&str], value: *const c_char) {
     if value.is_null() {
         return;
     }
     let v = CStr::from_ptr(value).to_string_lossy();
-    if !ALGORITHMS.contains(&v.as_ref()) {
+    if !valid.contains(&v.as_ref()) {
         ereport!(
             ERROR,
             PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
-            format!("invalid value for gpu_graph option \"algorithm\": \"{v}\""),
-            format!("Valid values: {}.", ALGORITHMS.join(", "))
+            format!("invalid value for gpu_graph option \"{option}\": \"{v}\""),
+            format!("Valid values: {}.", valid.join(", "))
         );
     }
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn validate_algorithm(value: *const c_char) {
+    validate_choice("algorithm", &ALGORITHMS, value)
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn validate_knn(value: *const c_char) {
+    validate_choice("knn", &KNN_INITS, value)
 }
 
 /// Registers the options; called from _PG_init.
@@ -59,6 +71,14 @@ pub fn register() {
         pg_sys::add_int_reloption(KIND, c"r".as_ptr(), c"RNN-Descent: candidate pool capacity".as_ptr(), d.r as i32, 8, 512, lock);
         pg_sys::add_int_reloption(KIND, c"t1".as_ptr(), c"RNN-Descent: outer rounds".as_ptr(), d.t1 as i32, 1, 32, lock);
         pg_sys::add_int_reloption(KIND, c"t2".as_ptr(), c"RNN-Descent: update rounds per outer round".as_ptr(), d.t2 as i32, 1, 64, lock);
+        pg_sys::add_string_reloption(
+            KIND,
+            c"knn".as_ptr(),
+            c"Initial graph of a GPU build: auto, random or exact".as_ptr(),
+            c"auto".as_ptr(),
+            Some(validate_knn),
+            lock,
+        );
         pg_sys::add_real_reloption(KIND, c"rho".as_ptr(), c"Share of each list given reverse edges between outer rounds".as_ptr(), d.rho as f64, 0.0, 1.0, lock);
     }
 }
@@ -79,6 +99,7 @@ pub unsafe extern "C-unwind" fn amoptions(reloptions: pg_sys::Datum, validate: b
         elt(c"t1", RELOPT_TYPE_INT, std::mem::offset_of!(Options, t1)),
         elt(c"t2", RELOPT_TYPE_INT, std::mem::offset_of!(Options, t2)),
         elt(c"rho", RELOPT_TYPE_REAL, std::mem::offset_of!(Options, rho)),
+        elt(c"knn", RELOPT_TYPE_STRING, std::mem::offset_of!(Options, knn)),
     ];
     pg_sys::build_reloptions(reloptions, validate, KIND, std::mem::size_of::<Options>(), tab.as_ptr(), tab.len() as i32)
         as *mut pg_sys::bytea
@@ -107,6 +128,25 @@ pub unsafe fn build_params(index: pg_sys::Relation) -> BuildParams {
         );
     }
     p
+}
+
+/// The `knn` option: how a GPU build starts (the CPU build always starts
+/// from random neighbours).
+///
+/// # Safety
+/// `index` must be an open gpu_graph index.
+pub unsafe fn knn_init(index: pg_sys::Relation) -> gpu_graph_gpu::KnnInit {
+    let o = (*index).rd_options as *const Options;
+    let text = if o.is_null() || (*o).knn == 0 {
+        "auto".to_string()
+    } else {
+        CStr::from_ptr((o as *const c_char).add((*o).knn as usize)).to_string_lossy().into_owned()
+    };
+    match text.as_str() {
+        "random" => gpu_graph_gpu::KnnInit::Random,
+        "exact" => gpu_graph_gpu::KnnInit::Exact,
+        _ => gpu_graph_gpu::KnnInit::Auto,
+    }
 }
 
 /// The metric of the index's operator class, from its distance function.

@@ -14,7 +14,7 @@ pub const FORMAT_VERSION: u32 = 1;
 pub const FREE_CAP: usize = 1800;
 
 /// Build phases whose duration the meta page records, in this order.
-pub const PHASES: [&str; 4] = ["heap scan", "graph construction", "page writes", "WAL"];
+pub const PHASES: [&str; 6] = ["heap scan", "upload", "graph construction", "download", "page writes", "WAL"];
 
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -41,10 +41,13 @@ pub struct Meta {
     pub generation: u64,
     /// rows indexed by CREATE INDEX
     pub built_rows: u64,
-    /// 1 = CPU; later: 2 = GPU
+    /// 1 = CPU, 2 = GPU
     pub build_device: u32,
     pub build_threads: u32,
-    pub build_ms: [f32; 4],
+    /// milliseconds of each of [`PHASES`]
+    pub build_ms: [f32; 6],
+    /// the GPU's name, NUL-padded (empty for a CPU build)
+    pub device_name: [u8; 64],
     pub free_count: u32,
     pub free: [u32; FREE_CAP],
 }
@@ -70,7 +73,8 @@ impl Meta {
             built_rows: 0,
             build_device: 0,
             build_threads: 0,
-            build_ms: [0.0; 4],
+            build_ms: [0.0; 6],
+            device_name: [0; 64],
             free_count: 0,
             free: [NO_NODE; FREE_CAP],
         }
@@ -86,6 +90,16 @@ impl Meta {
     }
     pub fn entry(&self) -> Option<u32> {
         (self.entry != NO_NODE).then_some(self.entry)
+    }
+    pub fn device_name(&self) -> String {
+        let end = self.device_name.iter().position(|&b| b == 0).unwrap_or(self.device_name.len());
+        String::from_utf8_lossy(&self.device_name[..end]).into_owned()
+    }
+    pub fn set_device_name(&mut self, name: &str) {
+        self.device_name = [0; 64];
+        let b = name.as_bytes();
+        let n = b.len().min(63);
+        self.device_name[..n].copy_from_slice(&b[..n]);
     }
     pub fn params(&self) -> BuildParams {
         BuildParams {

@@ -48,7 +48,8 @@ CREATE INDEX ON opts USING gpu_graph (v) WITH (rho = 1.5);
 CREATE INDEX ON opts USING gpu_graph (v) WITH (degree = 64, r = 32);
 CREATE INDEX ON opts USING gpu_graph (v) WITH (algorithm = 'hnsw');
 CREATE INDEX ON opts USING gpu_graph (v) WITH (ef = 10);
-CREATE INDEX opts_ok ON opts USING gpu_graph (v) WITH (algorithm = 'rnn_descent', degree = 16, s = 8, r = 32, t1 = 2, t2 = 4, rho = 0.5);
+CREATE INDEX ON opts USING gpu_graph (v) WITH (knn = 'nearest');
+CREATE INDEX opts_ok ON opts USING gpu_graph (v) WITH (algorithm = 'rnn_descent', degree = 16, s = 8, r = 32, t1 = 2, t2 = 4, rho = 0.5, knn = 'random');
 SELECT reloptions FROM pg_class WHERE relname = 'opts_ok';
 -- a multi-column index is not supported
 CREATE INDEX ON opts USING gpu_graph (v, v);

@@ -1,0 +1,202 @@
+//! The exact k-NN graph on tensor cores (kernels/knn_exact.cu): fp16 GEMM
+//! with fp32 accumulation, norms in the epilogue, per-row top-2k on chip, then
+//! an fp32 re-rank that keeps the k best.
+
+use cudarc::driver::sys::CUfunction_attribute;
+use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use rayon::prelude::*;
+
+use crate::device::{function, Gpu};
+use crate::error::{cuda, guard, GpuError};
+use crate::vectors::DeviceVectors;
+
+/// Largest k: the on-chip lists hold 64 candidates, re-ranked to k <= 32.
+pub const MAX_K: usize = 32;
+
+// Must match knn_exact.cu.
+const BM: usize = 128;
+const BN: usize = 128;
+const KC: usize = 64;
+const KS: usize = KC + 8;
+const DPAD: usize = 4;
+const THREADS: u32 = 256;
+const SMEM_BYTES: usize = 2 * 128 * KS * 2 + BM * (BN + DPAD) * 4 + (BM + BN) * 4;
+
+/// An exact k-NN graph: row v's k nearest other rows, ascending by
+/// (distance, id); NO_NODE / +inf where fewer than k other rows exist.
+#[derive(Clone, Debug)]
+pub struct KnnGraph {
+    pub k: usize,
+    pub ids: Vec<u32>,
+    pub dists: Vec<f32>,
+}
+
+/// Device memory the k-NN of `n` rows needs besides the vectors.
+pub(crate) fn device_bytes(n: usize, dk: usize, k: usize) -> usize {
+    let l = if k > 16 { 64 } else { 32 };
+    n * dk * 2 + n * 4 + n * l * 8 + n * k * 8
+}
+
+/// Padded dimension of the fp16 copy.
+pub(crate) fn dk_for(dim: usize) -> usize {
+    dim.div_ceil(KC) * KC
+}
+
+/// Power-of-two scale putting the largest magnitude near 2^13 in fp16.
+fn fp16_scale(vectors: &[f32]) -> f32 {
+    let maxabs = vectors
+        .par_chunks(1 << 16)
+        .map(|c| c.iter().fold(0f32, |m, &x| m.max(x.abs())))
+        .reduce(|| 0.0, f32::max);
+    if maxabs.is_nan() || maxabs <= 0.0 || !maxabs.is_finite() {
+        return 1.0;
+    }
+    let e = 13 - maxabs.log2().ceil() as i32;
+    2f32.powi(e.clamp(-60, 60))
+}
+
+/// The k-NN of the uploaded vectors, left on the device: (ids, distances),
+/// n x k. `host` are the same vectors on the host (for the fp16 scale).
+/// `cancel` is checked between launches.
+pub(crate) fn knn_device(
+    gpu: &Gpu,
+    dv: &DeviceVectors,
+    host: &[f32],
+    k: usize,
+    cancel: &dyn Fn() -> bool,
+) -> Result<(CudaSlice<u32>, CudaSlice<f32>), GpuError> {
+    if k == 0 || k > MAX_K {
+        return Err(GpuError::Unsupported(format!(
+            "exact k-NN with k = {k} (1..={MAX_K})"
+        )));
+    }
+    let n = dv.n;
+    let dk = dk_for(dv.dim);
+    let l = if k > 16 { 64 } else { 32 };
+    let m = gpu.knn_module(l / 32)?;
+    let prep = function(&m, "knn_prep")?;
+    let tiles = function(
+        &m,
+        if l == 64 {
+            "knn_tiles_64"
+        } else {
+            "knn_tiles_32"
+        },
+    )?;
+    let rerank = function(&m, "knn_rerank")?;
+    tiles
+        .set_attribute(
+            CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            SMEM_BYTES as i32,
+        )
+        .map_err(|e| cuda("knn shared memory", e))?;
+    let s = &gpu.stream;
+    let scale = fp16_scale(host);
+    let inv_scale2 = 1.0 / (scale * scale);
+    let alloc = |what: &str, e| cuda(&format!("allocating {what}"), e);
+    let mut xh = unsafe { s.alloc::<u16>(n * dk) }.map_err(|e| alloc("the fp16 vectors", e))?;
+    let mut norms = unsafe { s.alloc::<f32>(n) }.map_err(|e| alloc("norms", e))?;
+    let mut cand_i = unsafe { s.alloc::<u32>(n * l) }.map_err(|e| alloc("k-NN candidates", e))?;
+    let mut cand_d = unsafe { s.alloc::<f32>(n * l) }.map_err(|e| alloc("k-NN candidates", e))?;
+    let mut out_i = unsafe { s.alloc::<u32>(n * k) }.map_err(|e| alloc("the k-NN graph", e))?;
+    let mut out_d = unsafe { s.alloc::<f32>(n * k) }.map_err(|e| alloc("the k-NN graph", e))?;
+    let (n32, dp32, dk32, k32, l32) = (n as u32, dv.dp as u32, dk as u32, k as u32, l as u32);
+    let warps = |rows: usize| LaunchConfig {
+        grid_dim: (rows.div_ceil(8) as u32, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    unsafe {
+        s.launch_builder(&prep)
+            .arg(&dv.x)
+            .arg(&n32)
+            .arg(&dp32)
+            .arg(&dk32)
+            .arg(&scale)
+            .arg(&mut xh)
+            .arg(&mut norms)
+            .launch(warps(n))
+    }
+    .map_err(|e| cuda("knn_prep", e))?;
+    // column slices of about 2^38 multiply-adds per launch (a few ms on a
+    // Hopper), so a cancel is seen promptly even at millions of rows
+    let ntiles = n.div_ceil(BN);
+    let per_launch = ((1usize << 38) / (n.max(1) * dk * BN)).clamp(1, ntiles);
+    let cfg = LaunchConfig {
+        grid_dim: (n.div_ceil(BM) as u32, 1, 1),
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: SMEM_BYTES as u32,
+    };
+    let mut t = 0;
+    while t < ntiles {
+        let t1 = (t + per_launch).min(ntiles);
+        let (cb, ce, resume) = ((t * BN) as u32, (t1 * BN) as u32, (t > 0) as u32);
+        unsafe {
+            s.launch_builder(&tiles)
+                .arg(&xh)
+                .arg(&norms)
+                .arg(&n32)
+                .arg(&dk32)
+                .arg(&inv_scale2)
+                .arg(&cb)
+                .arg(&ce)
+                .arg(&resume)
+                .arg(&mut cand_i)
+                .arg(&mut cand_d)
+                .launch(cfg)
+        }
+        .map_err(|e| cuda("knn_tiles", e))?;
+        t = t1;
+        if t < ntiles {
+            s.synchronize().map_err(|e| cuda("knn_tiles", e))?;
+            if cancel() {
+                return Err(GpuError::Cancelled);
+            }
+        }
+    }
+    unsafe {
+        s.launch_builder(&rerank)
+            .arg(&dv.x)
+            .arg(&n32)
+            .arg(&dp32)
+            .arg(&cand_i)
+            .arg(&l32)
+            .arg(&k32)
+            .arg(&mut out_i)
+            .arg(&mut out_d)
+            .launch(warps(n))
+    }
+    .map_err(|e| cuda("knn_rerank", e))?;
+    s.synchronize().map_err(|e| cuda("exact k-NN", e))?;
+    Ok((out_i, out_d))
+}
+
+/// The exact k-NN graph of `vectors` (n x `dim`, squared L2), k <= 32.
+pub fn knn_graph(gpu: &Gpu, vectors: &[f32], dim: usize, k: usize) -> Result<KnnGraph, GpuError> {
+    guard("exact k-NN", || {
+        let n = vectors.len().checked_div(dim).unwrap_or(0);
+        if n == 0 {
+            return Ok(KnnGraph {
+                k,
+                ids: Vec::new(),
+                dists: Vec::new(),
+            });
+        }
+        let dv0 = DeviceVectors::plan(n, dim)?;
+        gpu.reserve(
+            dv0.bytes() + device_bytes(n, dk_for(dim), k),
+            "the exact k-NN graph",
+        )?;
+        let dv = DeviceVectors::upload(gpu, vectors, dim)?;
+        let (di, dd) = knn_device(gpu, &dv, vectors, k, &|| false)?;
+        let ids = gpu
+            .stream
+            .clone_dtoh(&di)
+            .map_err(|e| cuda("downloading the k-NN graph", e))?;
+        let dists = gpu
+            .stream
+            .clone_dtoh(&dd)
+            .map_err(|e| cuda("downloading the k-NN graph", e))?;
+        Ok(KnnGraph { k, ids, dists })
+    })
+}

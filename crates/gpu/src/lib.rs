@@ -1,0 +1,26 @@
+//! gpu_graph's GPU side, CUDA through cudarc with every entry point resolved
+//! at run time: this crate loads and answers (with a [`GpuError`]) on a
+//! machine with no NVIDIA driver.
+//!
+//! - [`Gpu::open`]: finds libcuda and NVRTC (see [`loader`]), opens device 0,
+//!   compiles the kernels of `kernels/` for its architecture (once per
+//!   process) and loads them.
+//! - [`build`]: the GRNND graph build (kernels/rnn_descent.cu) from a random
+//!   or an exact k-NN start, with the CPU path's final cut.
+//! - [`knn_graph`]: the exact k-NN graph on tensor cores (kernels/knn_exact.cu).
+
+pub mod device;
+pub mod error;
+pub mod grnnd;
+pub mod knn;
+pub mod loader;
+pub mod nvrtc;
+mod vectors;
+
+pub use device::{DeviceInfo, Gpu};
+pub use error::GpuError;
+pub use grnnd::{
+    build, build_with, GpuOptions, KnnInit, PhaseTimes, PruneRule, ScanOrder,
+    EXACT_KNN_AUTO_MAX_ROWS,
+};
+pub use knn::{knn_graph, KnnGraph};

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Compiles every CUDA kernel in kernels/ with NVRTC, as the extension does at
+# run time, and fails on any error OR warning. No GPU needed.
+#
+#   bash scripts/check-kernels.sh [--arch compute_90] [--arch sm_90] ...
+#
+# NVRTC comes from PyPI (the nvidia-cuda-nvrtc wheel, with the runtime and crt
+# headers beside it) in a virtual environment cached under
+# $HOME/.cache/gpu_graph/nvrtc-venv. The compile runs through
+# gpu-graph-nvrtc-check (crates/gpu), which calls the very compile function of
+# the extension (crates/gpu/src/nvrtc.rs) on the files of the working tree.
+# Default targets: compute_90 (PTX, what the brief asks) and sm_90 (a CUBIN,
+# what the extension loads on a Hopper; it also runs ptxas, which warns about
+# things PTX generation does not). One line per kernel; exit status 1 if any
+# kernel failed or warned.
+set -euo pipefail
+# shellcheck source=scripts/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+cd "$GG_ROOT"
+
+PKGS=(nvidia-cuda-nvrtc==13.0.88 nvidia-cuda-runtime==13.0.96 nvidia-cuda-crt==13.0.88)
+VENV=$HOME/.cache/gpu_graph/nvrtc-venv
+STAMP=$VENV/.gpu_graph-pkgs
+
+if [ ! -x "$VENV/bin/python" ]; then
+  gg_say "creating $VENV"
+  python3 -m venv "$VENV" || gg_die "python3 -m venv failed (install python3-venv)"
+fi
+if [ "$(cat "$STAMP" 2>/dev/null)" != "${PKGS[*]}" ]; then
+  gg_say "installing ${PKGS[*]}"
+  "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "${PKGS[@]}"
+  echo "${PKGS[*]}" > "$STAMP"
+fi
+SP=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/nvidia/cu13
+[ -f "$SP/lib/libnvrtc.so.13" ] || gg_die "no libnvrtc.so.13 under $SP/lib"
+
+cargo build --release --quiet -p gpu_graph_gpu --bin gpu-graph-nvrtc-check
+CHECK=$CARGO_TARGET_DIR/release/gpu-graph-nvrtc-check
+
+args=("$@")
+[ ${#args[@]} -gt 0 ] || args=(--arch compute_90 --arch sm_90)
+shopt -s nullglob
+kernels=(kernels/*.cu)
+[ ${#kernels[@]} -gt 0 ] || gg_die "no kernels/*.cu"
+LD_LIBRARY_PATH="$SP/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+  "$CHECK" "${args[@]}" -I "$SP/include" "${kernels[@]}"

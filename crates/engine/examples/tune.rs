@@ -75,14 +75,17 @@ fn mean_recall_at(
     k: usize,
     ef: usize,
 ) -> f64 {
-    let mut sum = 0.0;
-    for q in 0..queries.len() {
-        let found: Vec<f64> = search(store, metric, queries.row(q), k, ef)
-            .iter()
-            .map(|h| operator_distance(metric, queries.row(q), base.row(h.node as usize)))
-            .collect();
-        sum += recall_at_k(&found, kth[q], k);
-    }
+    let sum: f64 = kth
+        .iter()
+        .enumerate()
+        .map(|(q, &kth)| {
+            let found: Vec<f64> = search(store, metric, queries.row(q), k, ef)
+                .iter()
+                .map(|h| operator_distance(metric, queries.row(q), base.row(h.node as usize)))
+                .collect();
+            recall_at_k(&found, kth, k)
+        })
+        .sum();
     sum / queries.len() as f64
 }
 

@@ -14,7 +14,7 @@ pub struct Matrix<T> {
 
 impl<T> Matrix<T> {
     pub fn len(&self) -> usize {
-        if self.dim == 0 { 0 } else { self.data.len() / self.dim }
+        self.data.len().checked_div(self.dim).unwrap_or(0)
     }
     pub fn is_empty(&self) -> bool {
         self.len() == 0

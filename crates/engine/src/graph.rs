@@ -14,7 +14,7 @@ pub struct Graph {
 
 impl Graph {
     pub fn len(&self) -> usize {
-        if self.degree == 0 { 0 } else { self.adjacency.len() / self.degree }
+        self.adjacency.len().checked_div(self.degree).unwrap_or(0)
     }
     pub fn is_empty(&self) -> bool {
         self.len() == 0

@@ -35,8 +35,9 @@ pub fn insert<G: GraphMut>(store: &G, stored: &[f32], payload: u64, ef_construct
     let kept = Candidates::collect(store, stored, hits.iter().map(|h| h.node)).prune(usize::MAX, degree);
 
     let id = store.allocate(stored, payload);
-    if kept.is_empty() {
-        // no live node left in the graph: start afresh from this one
+    if hits.is_empty() {
+        // the search returns nothing only when no live node is left: start
+        // afresh from this one
         store.set_entry(Some(id));
         return id;
     }

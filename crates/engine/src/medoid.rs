@@ -11,25 +11,26 @@ pub fn medoid(vectors: &[f32], stored_dim: usize) -> Option<u32> {
         return None;
     }
     let n = vectors.len() / stored_dim;
-    // the sum in f64: millions of f32 additions would lose the low digits
-    let sum = vectors
-        .par_chunks(stored_dim * 1024)
-        .map(|block| {
+    // the sum in f64 (millions of f32 additions would lose the low digits),
+    // over blocks fixed by n alone and added in order, so the result does
+    // not depend on how rayon splits the work
+    let block = n.div_ceil(64).max(1024) * stored_dim;
+    let partial: Vec<Vec<f64>> = vectors
+        .par_chunks(block)
+        .map(|rows| {
             let mut s = vec![0f64; stored_dim];
-            for row in block.chunks_exact(stored_dim) {
+            for row in rows.chunks_exact(stored_dim) {
                 for (a, &x) in s.iter_mut().zip(row) {
                     *a += x as f64;
                 }
             }
             s
         })
-        .reduce(
-            || vec![0f64; stored_dim],
-            |mut a, b| {
-                a.iter_mut().zip(&b).for_each(|(x, y)| *x += y);
-                a
-            },
-        );
+        .collect();
+    let mut sum = vec![0f64; stored_dim];
+    for p in &partial {
+        sum.iter_mut().zip(p).for_each(|(a, b)| *a += b);
+    }
     let centroid: Vec<f32> = sum.iter().map(|s| (s / n as f64) as f32).collect();
     vectors
         .par_chunks_exact(stored_dim)

@@ -100,15 +100,16 @@ mod tests {
 
     #[test]
     fn stops_at_degree() {
-        // 8 points on a circle, all mutually farther than from the origin
-        let pts: Vec<(u32, [f32; 2])> = (0..8)
+        // a pentagon with growing radii: each pair is farther apart than the
+        // nearer of the two is from the origin, so the rule keeps all five
+        let pts: Vec<(u32, [f32; 2])> = (0..5)
             .map(|i| {
-                let a = i as f32 * std::f32::consts::TAU / 8.0;
-                (i, [a.cos() * (1.0 + i as f32 * 0.01), a.sin() * (1.0 + i as f32 * 0.01)])
+                let (a, r) = (i as f32 * std::f32::consts::TAU / 5.0, 1.0 + i as f32 * 0.01);
+                (i, [a.cos() * r, a.sin() * r])
             })
             .collect();
         let (c, v) = cands(&pts);
-        assert_eq!(rng_prune(&c, &v, 2, 8).len(), 8);
+        assert_eq!(rng_prune(&c, &v, 2, 8).len(), 5);
         let kept = rng_prune(&c, &v, 2, 3);
         assert_eq!(kept.iter().map(|k| k.0).collect::<Vec<_>>(), vec![0, 1, 2]);
         assert!(rng_prune(&[], &[], 2, 3).is_empty());

@@ -69,9 +69,7 @@ fn sort_dedupe(pool: &mut Vec<Entry>) {
 }
 
 /// How many candidates ahead of the scan their vectors are prefetched.
-static PA: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-#[allow(non_snake_case)]
-fn PREFETCH_AHEAD_f() -> usize { *PA.get_or_init(|| std::env::var("PA").map(|x| x.parse().unwrap()).unwrap_or(2)) }
+const PREFETCH_AHEAD: usize = 2;
 
 /// Entries for other vertices' pools, produced by one task of a round.
 struct Outbox {
@@ -171,18 +169,23 @@ impl Builder<'_> {
     /// Algorithm 2 for one vertex: its `pool` becomes the kept candidates, the
     /// pruned ones go to the outbox of the kept neighbour that pruned them.
     fn update(&self, pool: &mut Vec<Entry>, r: usize, out: &mut Outbox, kept: &mut Vec<Entry>) {
+        // nothing arrived since the last update: the pool is that update's
+        // kept list, sorted, every pair tested; a converged vertex costs nothing
+        if !pool.iter().any(|e| e.new) {
+            return;
+        }
         sort_dedupe(pool);
         pool.truncate(r);
         kept.clear();
         // an old candidate before the first new one meets only old kept
         // entries: no distance, so no vector to load
         let first_new = pool.iter().position(|e| e.new).unwrap_or(pool.len());
-        for c in pool.iter().skip(first_new).take(PREFETCH_AHEAD_f()) {
+        for c in pool.iter().skip(first_new).take(PREFETCH_AHEAD) {
             prefetch(self.row(c.id));
         }
         for (i, &c) in pool.iter().enumerate() {
-            if i + PREFETCH_AHEAD_f() >= first_new {
-                if let Some(p) = pool.get(i + PREFETCH_AHEAD_f()) {
+            if i + PREFETCH_AHEAD >= first_new {
+                if let Some(p) = pool.get(i + PREFETCH_AHEAD) {
                     prefetch(self.row(p.id));
                 }
             }
@@ -202,11 +205,14 @@ impl Builder<'_> {
                 }
             }
             if ok {
-                kept.push(Entry { new: false, ..c });
+                // keep the flag through this scan: a later old candidate must
+                // still be tested against a kept entry that was new
+                kept.push(c);
             }
         }
         pool.clear();
-        pool.extend_from_slice(kept);
+        // every pair among the kept entries has now been tested
+        pool.extend(kept.iter().map(|&e| Entry { new: false, ..e }));
     }
 }
 
@@ -215,7 +221,7 @@ impl Builder<'_> {
 /// and padded with NO_NODE; `entry` is the medoid.
 pub fn build(vectors: &[f32], stored_dim: usize, params: &BuildParams, progress: &mut dyn Progress) -> Option<Graph> {
     let degree = params.degree;
-    let n = if stored_dim == 0 { 0 } else { vectors.len() / stored_dim };
+    let n = vectors.len().checked_div(stored_dim).unwrap_or(0);
     assert!(n < NO_NODE as usize, "node ids are u32");
     let b = Builder { vectors, dim: stored_dim, range: merge_range(n) };
     let mut pools: Vec<Vec<Entry>> = (0..n).map(|_| Vec::new()).collect();
@@ -278,7 +284,7 @@ impl SplitMix64 {
     }
     /// Uniform in 0..n (Lemire's multiply-shift; the bias is below 2^-32).
     fn below(&mut self, n: u32) -> u32 {
-        ((self.next() >> 32) * n as u64 >> 32) as u32
+        (((self.next() >> 32) * n as u64) >> 32) as u32
     }
 }
 
@@ -304,7 +310,7 @@ mod tests {
     }
 
     #[test]
-    fn grid_lists_are_sorted_and_cancel_works() {
+    fn grid_lists_sorted_deterministic_cancellable() {
         // a 20×20 grid with a little jitter: every list sorted, no self loops
         let mut rng = SplitMix64(1);
         let v: Vec<f32> = (0..400)
@@ -313,14 +319,23 @@ mod tests {
             .collect();
         let p = BuildParams { degree: 8, ..BuildParams::default() };
         let g = build(&v, 2, &p, &mut never_cancel()).unwrap();
+        let mut far = 0;
         for u in 0..400u32 {
             let l: Vec<u32> = g.neighbors(u).collect();
             assert!(!l.is_empty() && l.len() <= 8 && !l.contains(&u));
             let d: Vec<f32> = l.iter().map(|&x| graph_distance(&v[u as usize * 2..][..2], &v[x as usize * 2..][..2])).collect();
             assert!(d.windows(2).all(|w| w[0] <= w[1]), "node {u}: {d:?}");
-            // on a grid the nearest point is one step away
-            assert!(d[0] < 1.1, "node {u}: nearest at {}", d[0]);
+            // on a grid the nearest point is one step away; the descent is
+            // approximate, so allow a few nodes that never met theirs
+            if d[0] > 1.1 {
+                far += 1;
+            }
         }
+        assert!(far <= 8, "{far} of 400 nodes miss their nearest neighbour");
+        // the same graph whatever the thread count
+        let one = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
+        let g1 = one.install(|| build(&v, 2, &p, &mut never_cancel()).unwrap());
+        assert_eq!((g1.adjacency, g1.entry), (g.adjacency, g.entry));
         let mut calls = 0;
         let mut stop_at_3 = |done: usize, total: usize| {
             assert_eq!(total, p.t1 * p.t2);

@@ -1,4 +1,4 @@
-//! Deleting a fifth of the rows and repairing the graph.
+//! Deleting a fifth of the rows and repairing the graph (VACUUM).
 
 mod common;
 
@@ -8,20 +8,35 @@ use gpu_graph_engine::idset::IdSet;
 use gpu_graph_engine::insert::insert;
 use gpu_graph_engine::metric::Metric;
 use gpu_graph_engine::params::BuildParams;
+use gpu_graph_engine::recall::exact_knn;
 use gpu_graph_engine::repair::repair;
 use gpu_graph_engine::search::search;
 use gpu_graph_engine::store::{GraphMut, GraphView};
 
+const N: usize = 20_000;
+
 #[test]
-fn delete_a_fifth_and_repair() {
-    let n = 20_000;
-    let (base, queries) = sift(n);
-    let store = build_store(Metric::L2, &base, &BuildParams::default());
+fn delete_a_random_fifth() {
+    let (base, queries) = sift(N);
     let mut rng = Rng(0x0dd5);
     let mut dead = IdSet::default();
-    while dead.len() < n / 5 {
-        dead.insert(rng.below(n) as u32);
+    while dead.len() < N / 5 {
+        dead.insert(rng.below(N) as u32);
     }
+    delete_and_repair(&base, &queries, dead);
+}
+
+/// A whole region goes: the nodes around it lose most of their lists.
+#[test]
+fn delete_the_fifth_nearest_one_point() {
+    let (base, queries) = sift(N);
+    let near = exact_knn(&base.data, base.dim, queries.row(0), N / 5, Metric::L2);
+    delete_and_repair(&base, &queries, near[0].iter().map(|x| x.0).collect());
+}
+
+fn delete_and_repair(base: &Matrix<f32>, queries: &Matrix<f32>, mut dead: IdSet) {
+    let n = base.len();
+    let store = build_store(Metric::L2, base, &BuildParams::default());
     // the entry point goes too, so repair has to move it
     let entry = store.entry().unwrap();
     dead.insert(entry);
@@ -49,18 +64,17 @@ fn delete_a_fifth_and_repair() {
     // exact ground truth over the rows that remain; payload = row
     let live: Vec<usize> = (0..n).filter(|r| !dead.contains(&(*r as u32))).collect();
     let rows: Vec<f32> = live.iter().flat_map(|&r| base.row(r).iter().copied()).collect();
-    let kth = kth_exact(Metric::L2, &rows, base.dim, &queries);
+    let kth = kth_exact(Metric::L2, &rows, base.dim, queries);
     for q in 0..queries.len() {
         for h in search(&store, Metric::L2, queries.row(q), K, 40) {
             assert!(!dead.contains(&h.node), "query {q} returned deleted node {}", h.node);
         }
     }
-    let r = recall(&store, Metric::L2, &base, &queries, &kth, 40);
+    let r = recall(&store, Metric::L2, base, queries, &kth, 40);
     println!("recall@10 at ef 40 after deleting {}: {r:.4}", deleted.len());
     assert!(r >= 0.93, "recall@10 = {r}");
 
     // freed slots are reused by later inserts
-    let extra = Matrix { dim: base.dim, data: base.row(0).to_vec() };
-    let id = insert(&store, extra.row(0), u64::MAX, 64);
+    let id = insert(&store, base.row(0), u64::MAX, 64);
     assert!(dead.contains(&id), "insert reused a freed slot");
 }

@@ -37,6 +37,10 @@ index and sweep
   --table NAME          table name (default items); the index is NAME_embedding_idx
   --skip-load           reuse the loaded table (its row count must equal --rows)
   --skip-build          reuse the built index too
+  --delete-fraction F   after the build, DELETE a pseudo-random share F of the
+                        rows and VACUUM; recall is then measured against the
+                        exact neighbours among the remaining rows, and any
+                        deleted row returned is an error
   --csv FILE            write the results as CSV
 
 connection (defaults from PGHOST, PGPORT, PGDATABASE, PGUSER)
@@ -70,6 +74,7 @@ pub struct Args {
     pub table: String,
     pub skip_load: bool,
     pub skip_build: bool,
+    pub delete_fraction: Option<f64>,
     pub csv: Option<PathBuf>,
     pub host: String,
     pub port: u16,
@@ -138,6 +143,7 @@ pub fn parse(argv: &[String]) -> Result<Option<Args>, String> {
         table: "items".into(),
         skip_load: false,
         skip_build: false,
+        delete_fraction: None,
         csv: None,
         host: env_or("PGHOST", "/var/run/postgresql"),
         port: number("PGPORT", &env_or("PGPORT", "5432"))?,
@@ -190,6 +196,13 @@ pub fn parse(argv: &[String]) -> Result<Option<Args>, String> {
             "--examples" => a.examples = number(flag, v)?,
             "--table" => a.table = v.into(),
             "--csv" => a.csv = Some(v.into()),
+            "--delete-fraction" => {
+                let f: f64 = v.parse().map_err(|_| format!("--delete-fraction: not a number: `{v}`"))?;
+                if !(0.0..1.0).contains(&f) {
+                    return Err("--delete-fraction must be in [0, 1)".into());
+                }
+                a.delete_fraction = Some(f);
+            }
             "--host" => a.host = v.into(),
             "--port" => a.port = number(flag, v)?,
             "--dbname" => a.dbname = v.into(),

@@ -166,3 +166,22 @@ pub fn ground_truth(
     let gt = recall::exact_knn(&base.data, base.dim, &queries.data, k, spec.metric);
     Ok((gt, "brute force (exact)".into()))
 }
+
+/// Exact top-k among the rows not in `deleted`, with the rows' own ids.
+pub fn ground_truth_without(
+    base: &Vectors,
+    deleted: &std::collections::HashSet<i32>,
+    queries: &Vectors,
+    metric: Metric,
+    k: usize,
+) -> Vec<Truth> {
+    let keep: Vec<usize> = (0..base.len()).filter(|&i| !deleted.contains(&(i as i32))).collect();
+    let mut rows = Vec::with_capacity(keep.len() * base.dim);
+    for &i in &keep {
+        rows.extend_from_slice(base.row(i));
+    }
+    recall::exact_knn(&rows, base.dim, &queries.data, k, metric)
+        .into_iter()
+        .map(|t| t.into_iter().map(|(j, d)| (keep[j as usize] as u32, d)).collect())
+        .collect()
+}

@@ -197,3 +197,20 @@ pub fn explain(c: &mut Client, sql: &str, q: &[f32]) -> Result<Vec<String>, Stri
         .map_err(|e| format!("EXPLAIN: {}", pg_err(&e)))?;
     Ok(rows.iter().map(|r| r.get::<_, String>(0)).collect())
 }
+
+/// Whether row `id` is in the share `f` that `--delete-fraction` deletes
+/// (a multiplicative hash, so the choice is spread and repeatable).
+pub fn in_deleted_share(id: usize, f: f64) -> bool {
+    ((id as u64).wrapping_mul(2_654_435_761) % 1_000_000) < (f * 1_000_000.0) as u64
+}
+
+/// Deletes that share of the rows and VACUUMs; returns the deleted ids.
+pub fn delete_share(c: &mut Client, table: &str, f: f64, rows: usize) -> Result<std::collections::HashSet<i32>, String> {
+    let cut = (f * 1_000_000.0) as i64;
+    // two statements: a multi-statement string runs as one transaction,
+    // where VACUUM is not allowed
+    c.batch_execute(&format!("DELETE FROM {table} WHERE (id::bigint * 2654435761) % 1000000 < {cut}"))
+        .map_err(|e| format!("DELETE: {e}"))?;
+    c.batch_execute(&format!("VACUUM {table}")).map_err(|e| format!("VACUUM: {e}"))?;
+    Ok((0..rows).filter(|&i| in_deleted_share(i, f)).map(|i| i as i32).collect())
+}

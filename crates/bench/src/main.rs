@@ -154,6 +154,22 @@ fn run(a: &Args) -> Result<(), String> {
         println!("index {}", mib(index_bytes));
     }
 
+    let mut gt = gt;
+    let mut deleted = std::collections::HashSet::new();
+    if let Some(f) = a.delete_fraction {
+        let t = Instant::now();
+        deleted = db::delete_share(&mut c, &a.table, f, base.len())?;
+        println!(
+            "deleted {} rows ({:.0}%) and vacuumed in {:.2} s; index now {}",
+            deleted.len(),
+            100.0 * deleted.len() as f64 / base.len() as f64,
+            t.elapsed().as_secs_f64(),
+            mib(db::relation_size(&mut c, &index)?)
+        );
+        gt = data::ground_truth_without(&base, &deleted, &queries, metric, a.k);
+        println!("ground truth: brute force over the {} remaining rows", base.len() - deleted.len());
+    }
+
     let sql = db::knn_sql(&a.table, op, a.k);
     let plan = db::explain(&mut c, &sql, queries.row(0))?;
     let uses_index = plan
@@ -189,6 +205,10 @@ fn run(a: &Args) -> Result<(), String> {
     );
     for (i, ef) in a.ef.iter().enumerate() {
         let (p, answers) = sweep_point(a, &mut clients, &sql, *ef, metric, &base, &queries, &gt)?;
+        let returned_deleted = answers.iter().flatten().filter(|r| deleted.contains(&r.0)).count();
+        if returned_deleted > 0 {
+            return Err(format!("ef_search {}: {returned_deleted} deleted rows returned", p.ef));
+        }
         if i + 1 == a.ef.len() {
             last_answers = answers;
         }

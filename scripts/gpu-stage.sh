@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Run HERE (not on the GPU machine): builds the extension package and the
+# GPU-side binaries in release mode and fills .device/ (git-ignored) through
+# ../shared/tools/device-stage, for a `device` call with carry [".device"]:
+#
+#   bash scripts/gpu-stage.sh
+#   # then, on the GPU machine:
+#   source .device/device-pg "shared_preload_libraries = 'gpu_graph'"; bash scripts/gpu-test.sh
+set -euo pipefail
+# shellcheck source=scripts/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+cd "$GG_ROOT"
+tools=${GPU_GRAPH_TOOLS:-$GG_ROOT/../shared/tools}
+pkg=$CARGO_TARGET_DIR/gpu-graph-package
+rm -rf "$pkg"
+cargo pgrx package --pg-config "$PG_CONFIG" --out-dir "$pkg" >/dev/null
+cargo build -q --release -p gpu-graph-bench -p gpu_graph_gpu --bins
+bins=()
+for b in gpu-graph-bench gpu-graph-gpucheck gpu-graph-searchcheck; do
+  [ -x "$CARGO_TARGET_DIR/release/$b" ] && bins+=("$CARGO_TARGET_DIR/release/$b")
+done
+rm -rf .device/ext
+"$tools/device-stage" "$pkg" -- "$GPU_GRAPH_DATA/make_sift128.py" "${bins[@]}"

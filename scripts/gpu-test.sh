@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# The GPU test suite: run ON the GPU machine (the `device` tool), from the
+# repository root, after staging here with `bash scripts/gpu-stage.sh`:
+#
+#   source .device/device-pg; bash scripts/gpu-test.sh [ROWS]
+#
+# 1. generates ROWS (default 1,000,000) real SIFT vectors with ground truth
+#    (make_sift128.py, on the GPU, about a minute);
+# 2. gpu-graph-gpucheck: the GPU-built and the CPU-built graph reach recall@10
+#    within 0.01 of each other at equal ef (engine search), the exact k-NN
+#    graph equals brute force, a cancelled GPU build frees its memory;
+# 3. through SQL: CREATE INDEX builds on the GPU (the NOTICE and
+#    gpu_graph_info say so, with the time of each phase) and the index
+#    answers with recall@10 of at least 0.95 at ef_search 20;
+# 4. a query cancel (statement_timeout) stops a GPU build, and the next build
+#    succeeds;
+# 5. the GPU hidden (CUDA_VISIBLE_DEVICES=""): auto falls back to the CPU
+#    with a WARNING, gpu is an ERROR, and the CPU build completes (timed).
+# Exits non-zero on the first failure; logs go to $OUT when it is set.
+set -euo pipefail
+rows=${1:-1000000}
+stage=$(pwd)/.device
+out=${OUT:-/tmp/gpu-test}
+mkdir -p "$out"
+fail() { echo "gpu-test: FAIL: $*" >&2; exit 1; }
+say() { echo "== $*"; }
+q() { psql -X -v ON_ERROR_STOP=1 -At "$@"; }
+
+say "data: $rows SIFT rows"
+[ -f /tmp/sift/base.fvecs ] || python3 "$stage/make_sift128.py" /tmp/sift --rows "$rows" >"$out/make_sift.log" 2>&1 ||
+  { tail "$out/make_sift.log"; fail "make_sift128.py"; }
+
+say "graph builders (gpu-graph-gpucheck)"
+"$stage/gpu-graph-gpucheck" --base /tmp/sift/base.fvecs --query /tmp/sift/query.fvecs \
+  --gt /tmp/sift/groundtruth.ivecs --knn-check-rows 200000 2>&1 | tee "$out/gpucheck.log"
+
+say "CREATE INDEX through SQL on the GPU"
+"$stage/gpu-graph-bench" --base /tmp/sift/base.fvecs --query /tmp/sift/query.fvecs \
+  --gt /tmp/sift/groundtruth.ivecs --metric l2 --ef 10,20,40,80 \
+  --set maintenance_work_mem=16GB --set gpu_graph.build_device=gpu --csv "$out/sql_gpu.csv" 2>&1 | tee "$out/sql_gpu.log"
+grep -q "on the GPU" "$out/sql_gpu.log" || fail "the build did not run on the GPU"
+[ "$(q -c "SELECT gpu_graph_info('items_embedding_idx')->'build'->>'device'")" = gpu ] || fail "gpu_graph_info does not say gpu"
+q -c "SELECT jsonb_pretty(gpu_graph_info('items_embedding_idx')->'build')"
+r20=$(awk -F, '$1 == 20 {print $2}' "$out/sql_gpu.csv")
+awk -v r="$r20" 'BEGIN { exit !(r >= 0.95) }' || fail "recall@10 at ef_search 20 is $r20 < 0.95"
+
+say "a cancelled GPU build"
+set +e
+q -c "SET maintenance_work_mem = '16GB'" -c "SET gpu_graph.build_device = gpu" -c "SET statement_timeout = '1500ms'" \
+  -c "CREATE INDEX cancelled ON items USING gpu_graph (embedding)" >"$out/cancel.log" 2>&1
+set -e
+cat "$out/cancel.log"
+grep -q "canceling statement due to statement timeout" "$out/cancel.log" || fail "the build was not cancelled"
+[ -z "$(q -c "SELECT 1 FROM pg_class WHERE relname = 'cancelled'")" ] || fail "a cancelled build left an index"
+nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader || true
+
+say "the GPU hidden: fallback to the CPU"
+pg_ctl_restart() {
+  su pg -c "env PATH=$PATH LD_LIBRARY_PATH=$LD_LIBRARY_PATH $* pg_ctl -D $PGDATA -l /tmp/pg.log -w restart" >/dev/null
+}
+pg_ctl_restart CUDA_VISIBLE_DEVICES=
+set +e
+q -c "SET maintenance_work_mem = '16GB'" -c "SET gpu_graph.build_device = gpu" \
+  -c "CREATE INDEX hidden_gpu ON items USING gpu_graph (embedding)" >"$out/hidden_gpu.log" 2>&1
+set -e
+cat "$out/hidden_gpu.log"
+grep -q "ERROR:  gpu_graph: cannot build on the GPU" "$out/hidden_gpu.log" || fail "build_device=gpu without a GPU is not an ERROR"
+"$stage/gpu-graph-bench" --base /tmp/sift/base.fvecs --query /tmp/sift/query.fvecs \
+  --gt /tmp/sift/groundtruth.ivecs --metric l2 --ef 20,40 --skip-load \
+  --set maintenance_work_mem=16GB --set gpu_graph.build_device=auto --csv "$out/sql_cpu.csv" 2>&1 | tee "$out/sql_cpu.log"
+grep -q "WARNING" "$out/sql_cpu.log" && grep -q "on the CPU" "$out/sql_cpu.log" || fail "auto did not fall back to the CPU with a WARNING"
+pg_ctl_restart
+say "gpu-test: passed"

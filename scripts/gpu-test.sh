@@ -41,7 +41,7 @@ say "CREATE INDEX through SQL on the GPU"
 grep -q "on the GPU" "$out/sql_gpu.log" || fail "the build did not run on the GPU"
 [ "$(q -c "SELECT gpu_graph_info('items_embedding_idx')->'build'->>'device'")" = gpu ] || fail "gpu_graph_info does not say gpu"
 q -c "SELECT jsonb_pretty(gpu_graph_info('items_embedding_idx')->'build')"
-r20=$(awk -F, '$1 == 20 {print $2}' "$out/sql_gpu.csv")
+r20=$(awk -F, '$9 == 20 {print $10}' "$out/sql_gpu.csv")
 awk -v r="$r20" 'BEGIN { exit !(r >= 0.95) }' || fail "recall@10 at ef_search 20 is $r20 < 0.95"
 
 say "a cancelled GPU build"

@@ -166,43 +166,55 @@ pub unsafe extern "C-unwind" fn ambuild(
     let max_norm = loader.finish();
     let load_ms = ms(t);
 
-    report(pg_sys::PROGRESS_CREATEIDX_SUBPHASE, PHASE_BUILD);
     let n = loader.payloads.len();
     let knn = options::knn_init(index);
-    let built = construct(&loader.vectors, loader.stored_dim.max(1), n, &params, knn);
-
-    report(pg_sys::PROGRESS_CREATEIDX_SUBPHASE, PHASE_WRITE);
-    report(pg_sys::PROGRESS_CREATEIDX_TUPLES_TOTAL, n as i64);
-    let t = Instant::now();
     let mut meta = Meta::new(metric, &params);
     meta.dim = loader.dim as u32;
     meta.max_norm = max_norm;
     meta.node_count = n as u32;
-    meta.entry = built.graph.entry.unwrap_or(gpu_graph_engine::NO_NODE);
     meta.built_rows = n as u64;
-    let device = match &built.device {
-        Device::Cpu { threads } => {
-            meta.build_device = 1;
-            meta.build_threads = *threads as u32;
-            format!("the CPU with {threads} threads")
-        }
-        Device::Gpu { name } => {
-            meta.build_device = 2;
-            meta.set_device_name(name);
-            format!("the GPU ({name})")
-        }
-    };
-    let blocks = writer::write_index(index, &meta, &built.graph, &loader.vectors, &loader.payloads, &mut |done| {
+    let layout = meta.layout();
+
+    // the vector pages need no graph: they are written while a GPU builds it
+    let mut vector_ms = 0.0;
+    let built = construct(&loader.vectors, loader.stored_dim.max(1), n, &params, knn, &mut || {
+        report(pg_sys::PROGRESS_CREATEIDX_SUBPHASE, PHASE_WRITE);
+        report(pg_sys::PROGRESS_CREATEIDX_TUPLES_TOTAL, n as i64);
+        let t = Instant::now();
+        writer::write_vector_pages(index, &meta, &loader.vectors, &loader.payloads, &mut |done| {
+            report(pg_sys::PROGRESS_CREATEIDX_TUPLES_DONE, done as i64);
+            pg_sys::check_for_interrupts!();
+        });
+        vector_ms = ms(t);
+        report(pg_sys::PROGRESS_CREATEIDX_SUBPHASE, PHASE_BUILD);
+    });
+
+    report(pg_sys::PROGRESS_CREATEIDX_SUBPHASE, PHASE_WRITE);
+    let t = Instant::now();
+    writer::write_graph_pages(index, &layout, &built.graph, &mut |done| {
         report(pg_sys::PROGRESS_CREATEIDX_TUPLES_DONE, done as i64)
     });
-    let write_ms = ms(t);
-    let t = Instant::now();
-    writer::log_all(index, blocks);
-    let wal_ms = ms(t);
-    // the timings go into the meta page, which was written (and logged) above:
-    // update it through the WAL so a replica sees the same numbers
-    let timings = [load_ms, built.upload_ms, built.construct_ms, built.download_ms, write_ms, wal_ms];
-    Meta::update(index, |m| m.build_ms = timings);
+    let graph_ms = ms(t);
+
+    let timings = [load_ms, built.upload_ms, built.construct_ms, built.download_ms, vector_ms, graph_ms];
+    let device = match &built.device {
+        Device::Cpu { threads } => format!("the CPU with {threads} threads"),
+        Device::Gpu { name } => format!("the GPU ({name})"),
+    };
+    Meta::update(index, |m| {
+        m.entry = built.graph.entry.unwrap_or(gpu_graph_engine::NO_NODE);
+        m.build_ms = timings;
+        match &built.device {
+            Device::Cpu { threads } => {
+                m.build_device = 1;
+                m.build_threads = *threads as u32;
+            }
+            Device::Gpu { name } => {
+                m.build_device = 2;
+                m.set_device_name(name);
+            }
+        }
+    });
 
     let phases: Vec<String> = PHASES
         .iter()

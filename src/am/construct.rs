@@ -65,11 +65,28 @@ fn on_cpu(vectors: &[f32], stored_dim: usize, params: &BuildParams) -> Construct
     }
 }
 
-/// Builds the graph over `rows` stored vectors.
-pub fn construct(vectors: &[f32], stored_dim: usize, rows: usize, params: &BuildParams, knn: KnnInit) -> Constructed {
+/// Builds the graph over `rows` stored vectors. `meanwhile` (PostgreSQL work
+/// that does not need the graph) runs exactly once on this thread: during a
+/// GPU build, whose thread makes no PostgreSQL call; before a CPU build,
+/// which wants every core.
+pub fn construct(
+    vectors: &[f32],
+    stored_dim: usize,
+    rows: usize,
+    params: &BuildParams,
+    knn: KnnInit,
+    meanwhile: &mut dyn FnMut(),
+) -> Constructed {
     let want = BUILD_DEVICE.get();
     if want != BuildDevice::Cpu && rows > 0 {
-        match on_gpu(vectors, stored_dim, params, knn) {
+        let result = std::thread::scope(|s| {
+            let gpu = s.spawn(|| on_gpu(vectors, stored_dim, params, knn));
+            // an ERROR in here unwinds through the scope, which first waits
+            // for the GPU thread (it stops at the next round on a cancel)
+            meanwhile();
+            gpu.join().unwrap_or_else(|_| Err(GpuError::Cuda("the GPU build thread panicked".into())))
+        });
+        match result {
             Ok(c) => return c,
             Err(GpuError::Cancelled) => {
                 pg_sys::check_for_interrupts!();
@@ -92,6 +109,8 @@ pub fn construct(vectors: &[f32], stored_dim: usize, rows: usize, params: &Build
                 );
             }
         }
+        return on_cpu(vectors, stored_dim, params);
     }
+    meanwhile();
     on_cpu(vectors, stored_dim, params)
 }

@@ -54,11 +54,6 @@ impl Layout {
     pub fn vector_offset(&self, node: u32) -> usize {
         node as usize % self.per_chunk % self.per_vector_page * self.vector_size()
     }
-    /// Blocks needed (meta included) for `nodes` nodes.
-    pub fn blocks_for(&self, nodes: u32) -> u32 {
-        let chunks = (nodes as usize).div_ceil(self.per_chunk);
-        (1 + chunks * self.pages_per_chunk) as u32
-    }
 }
 
 #[cfg(test)]

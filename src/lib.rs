@@ -18,8 +18,7 @@ pub extern "C-unwind" fn _PG_init() {
 }
 
 #[cfg(any(test, feature = "pg_test"))]
-#[pg_schema]
-mod tests;
+mod pg_tests;
 
 /// Required by `cargo pgrx test`.
 #[cfg(test)]

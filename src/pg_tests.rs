@@ -1,0 +1,58 @@
+//! In-server tests (cargo pgrx test): the access method through SPI.
+
+use pgrx::prelude::*;
+
+#[pg_schema]
+mod tests {
+    use pgrx::prelude::*;
+
+    #[pg_test]
+    fn operators_match_engine() {
+        let d = Spi::get_one::<f64>("SELECT ARRAY[0,0]::real[] <-> ARRAY[3,4]::real[]").unwrap().unwrap();
+        assert_eq!(d, 5.0);
+        let c = Spi::get_one::<f64>("SELECT ARRAY[1,0]::real[] <=> ARRAY[0,1]::real[]").unwrap().unwrap();
+        assert!((c - 1.0).abs() < 1e-12);
+        let ip = Spi::get_one::<f64>("SELECT ARRAY[1,2]::real[] <#> ARRAY[3,4]::real[]").unwrap().unwrap();
+        assert_eq!(ip, -11.0);
+    }
+
+    #[pg_test]
+    fn index_scan_finds_exact_neighbours_on_a_grid() {
+        // 40×40 integer grid: the true nearest neighbours are known exactly
+        Spi::run("CREATE TABLE grid AS SELECT i, ARRAY[(i / 40)::real, (i % 40)::real] AS v FROM generate_series(0, 1599) i")
+            .unwrap();
+        Spi::run("CREATE INDEX ON grid USING gpu_graph (v)").unwrap();
+        Spi::run("SET enable_seqscan = off").unwrap();
+        let ids: Vec<i32> = Spi::connect(|c| {
+            c.select("SELECT i FROM grid ORDER BY v <-> ARRAY[20.2, 20.1]::real[] LIMIT 1", None, &[])
+                .unwrap()
+                .map(|r| r.get::<i32>(1).unwrap().unwrap())
+                .collect()
+        });
+        assert_eq!(ids, vec![20 * 40 + 20]);
+        let n = Spi::get_one::<i64>(
+            "SELECT count(*) FROM (SELECT i FROM grid ORDER BY v <-> ARRAY[0,0]::real[] LIMIT 1600) s",
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(n, 1600, "a scan must reach every row when asked for all of them");
+    }
+
+    #[pg_test]
+    fn insert_then_find_and_delete_then_never_return() {
+        Spi::run("CREATE TABLE t (id int, v real[])").unwrap();
+        Spi::run("CREATE INDEX t_v ON t USING gpu_graph (v)").unwrap();
+        Spi::run("INSERT INTO t SELECT i, ARRAY[sin(i)::real, cos(i)::real, (i % 7)::real] FROM generate_series(1, 500) i")
+            .unwrap();
+        Spi::run("SET enable_seqscan = off").unwrap();
+        let first = Spi::get_one::<i32>("SELECT id FROM t ORDER BY v <-> ARRAY[sin(77)::real, cos(77)::real, 0::real] LIMIT 1")
+            .unwrap()
+            .unwrap();
+        assert_eq!(first, 77);
+        Spi::run("DELETE FROM t WHERE id = 77").unwrap();
+        let after = Spi::get_one::<i32>("SELECT id FROM t ORDER BY v <-> ARRAY[sin(77)::real, cos(77)::real, 0::real] LIMIT 1")
+            .unwrap()
+            .unwrap();
+        assert_ne!(after, 77);
+    }
+}

@@ -19,5 +19,10 @@ bins=()
 for b in gpu-graph-bench gpu-graph-gpucheck gpu-graph-searchcheck; do
   [ -x "$CARGO_TARGET_DIR/release/$b" ] && bins+=("$CARGO_TARGET_DIR/release/$b")
 done
+# a 10k-row prefix of minilm384 (the whole set would not fit the 64 MiB
+# that travels): the builders' parity check on 384-dim embeddings
+minilm=$CARGO_TARGET_DIR/minilm384_base_10k.fvecs
+[ -f "$minilm" ] || head -c $((10000 * (4 + 384 * 4))) "$GPU_GRAPH_DATA/minilm384_base.fvecs" >"$minilm"
 rm -rf .device/ext
-"$tools/device-stage" "$pkg" -- "$GPU_GRAPH_DATA/make_sift128.py" "${bins[@]}"
+"$tools/device-stage" "$pkg" -- "$GPU_GRAPH_DATA/make_sift128.py" "${bins[@]}" \
+  "$minilm" "$GPU_GRAPH_DATA/minilm384_query.fvecs"

@@ -8,6 +8,8 @@
 //! - [`build`]: the GRNND graph build (kernels/rnn_descent.cu) from a random
 //!   or an exact k-NN start, with the CPU path's final cut.
 //! - [`knn_graph`]: the exact k-NN graph on tensor cores (kernels/knn_exact.cu).
+//! - [`search`]: the persistent search kernel (kernels/search_persistent.cu)
+//!   and its host side, for the search worker.
 
 pub mod device;
 pub mod error;
@@ -15,6 +17,7 @@ pub mod grnnd;
 pub mod knn;
 pub mod loader;
 pub mod nvrtc;
+pub mod search;
 mod vectors;
 
 pub use device::{DeviceInfo, Gpu};

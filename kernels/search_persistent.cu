@@ -1,0 +1,729 @@
+// The persistent GPU search kernel (ALGAS, 004_1c495ead554c4546.txt): one
+// launch serves every query of the search worker until it is told to quit.
+//
+// Compiled at run time by NVRTC (crates/gpu/src/search/). Like the other
+// kernels it includes no header: everything is a compiler built-in or inline
+// PTX. The host side (crates/gpu/src/search/server.rs) mirrors every layout
+// below; change both together.
+//
+// Grid: slots x ctas_per_slot blocks of ONE warp each. Block b serves query
+// slot b / ctas_per_slot as its CTA number t = b % ctas_per_slot. The host
+// chose the grid from the occupancy API so that every block is resident at
+// once: a spinning block that is not resident would never let the others
+// finish (deadlock).
+//
+// Slot protocol (ALGAS section IV-A / V-A, no GDRCopy):
+//   cmd[slot]     device memory, written only by the host with
+//                 cuStreamWriteValue32 on a side stream, right after the
+//                 async copy of the request (header + query) into
+//                 reqs[slot] on the same stream, so the request is in
+//                 device memory before the word changes. Values: "Work" =
+//                 seq << 5 | (ctas - 1), seq = 1, 2, ... per slot (27 bits;
+//                 the host clears the slot's visited table and starts again
+//                 at 1 before it would wrap), CMD_QUIT, CMD_FAULT (test
+//                 switch); 0 = never used ("None"). The CTA count rides in
+//                 the word so that a CTA that sits a query out never reads
+//                 the request buffer (which the host may already be
+//                 refilling for the next query once this one finished).
+//                 Only the kernel polls it (device-local).
+//   finish[slot]  mapped pinned host memory, written only by the kernel:
+//                 the sequence number of the last finished query
+//                 ("Finish"); only the host polls it (host-local). The
+//                 host's reading of it and freeing the slot is "Done".
+//   The GPU writes a slot's host-side word only after it received that
+//   slot's query, the host writes cmd only when the slot is free, so the
+//   two never race and no coherence protocol is needed. Sequence numbers
+//   instead of state values mean no word is ever reset: a CTA serves a
+//   query when cmd differs from the last value it saw.
+//
+// Per query, each active CTA (t < ctas of the request):
+//   * keeps its own candidate list of `list` entries (dist, id) in shared
+//     memory, sorted ascending; bit 31 of an id marks it expanded;
+//   * shares one visited set with the other CTAs of its slot (see
+//     visit_claim): each node's distance is computed by exactly one CTA;
+//   * starts by computing the entry point (whoever claims it) and
+//     `seeds` pseudo-random nodes of its own, then expands the entry point:
+//     CTA t of T takes the entry's neighbours j with j % T == t, so the
+//     CTAs leave the entry in different directions (first-come claims
+//     would hand them all to whichever CTA woke first);
+//   * then repeats: take the first unexpanded candidates of its list -- one
+//     while the first unexpanded one sits before position `offset_beam`,
+//     `beam_width` after (beam extend: the localisation phase is greedy,
+//     the diffusion phase expands several per sort) -- load their
+//     neighbour lists, claim the unvisited neighbours, compute their
+//     distances, drop those not nearer than the list's last entry, sort the
+//     rest (bitonic, 32 per register sort) and merge them into the list;
+//   * stops when every entry of its list is expanded, or after
+//     `max_expand` expansions (the iteration cap: the paper has none; it
+//     bounds a query's time whatever the graph);
+//   * writes its first k live (not deleted) entries and a header to the
+//     slot's result block in mapped pinned host memory, fences at system
+//     scope, and arrives on the slot's device counter; the last CTA to
+//     arrive resets the counter, fences again and writes finish[slot].
+//   The host merges the per-CTA lists with a heap and drops duplicates
+//   (ALGAS IV-B: no GPU merge kernel).
+//
+// Index data (vectors, adjacency, flags, descriptors) and requests are read
+// with ld.global.cg (L2 only): this kernel never ends, so L1 is never
+// invalidated by a launch, and an unload followed by a load can put new data
+// at the address of old data.
+
+typedef unsigned long long u64;
+typedef unsigned int u32;
+typedef unsigned short u16;
+typedef unsigned char u8;
+
+#define FULL_MASK 0xFFFFFFFFu
+#define NO_NODE 0xFFFFFFFFu
+#define EXP_BIT 0x80000000u
+#define ID_MASK 0x7FFFFFFFu
+#define CMD_QUIT 0xFFFFFFFFu
+#define CMD_FAULT 0xFFFFFFFEu
+#define FLAG_DELETED 1u
+// Neighbour ids gathered per step: beam * degree <= CAND_CAP.
+#define MAX_R 8
+#define CAND_CAP (MAX_R * 32)
+// Linear probes of the visited table before a node is taken as unvisited.
+#define VISIT_PROBES 32
+// Header words of a CTA's result block (then k_max pairs (dist, id)).
+#define OUT_HEAD_BYTES 16
+// out header word 2 when the request named no loaded index
+#define OUT_BAD_INDEX 0xFFFFFFFFu
+
+// Mirrors search::layout::IndexDesc (64 bytes).
+struct IndexDesc {
+    u64 vectors;    // n rows of chunks * 16 bytes (fp32, or fp16 when exact)
+    u64 adjacency;  // n x degree u32, NO_NODE padded
+    u64 flags;      // n bytes, bit 0 = deleted
+    u32 n;
+    u32 degree;
+    u32 entry;
+    u32 chunks;     // 16-byte chunks per row
+    u32 half;       // rows are fp16
+    u32 metric;     // 0 squared L2, 1 -dot (inner product)
+    u32 lanes;      // lanes per distance, a power of two <= 32
+    u32 gen;        // != 0 while loaded: the request must name the same
+    u32 pad0;
+    u32 pad1;
+};
+
+// Word offsets in a request header (64 bytes, then qwords floats).
+#define RQ_SEQ 0
+#define RQ_INDEX 1
+#define RQ_GEN 2
+#define RQ_K 3
+#define RQ_LIST 4
+#define RQ_CTAS 5
+#define RQ_MAX_EXPAND 6
+#define RQ_OFFSET_BEAM 7
+#define RQ_BEAM 8
+#define RQ_SEEDS 9
+#define RQ_QWORDS 10
+#define RQ_HEAD_WORDS 16
+
+// ---------------------------------------------------------------- memory ops
+
+__device__ __forceinline__ u32 ld_acquire_u32(const u32* p) {
+    u32 v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ u32 ld_cg_u32(const void* p) {
+    u32 v;
+    asm volatile("ld.global.cg.u32 %0, [%1];" : "=r"(v) : "l"(p));
+    return v;
+}
+__device__ __forceinline__ u32 ld_cg_u8(const void* p) {
+    unsigned short v;
+    asm volatile("ld.global.cg.u8 %0, [%1];" : "=h"(v) : "l"(p));
+    return (u32)v;
+}
+__device__ __forceinline__ void ld_cg_v4(const void* p, u32& a, u32& b, u32& c, u32& d) {
+    asm volatile("ld.global.cg.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(a), "=r"(b), "=r"(c), "=r"(d) : "l"(p));
+}
+__device__ __forceinline__ u64 ld_relaxed_u64(const u64* p) {
+    u64 v;
+    asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ u32 atom_add_sys(u32* p, u32 v) {
+    u32 old;
+    asm volatile("atom.acq_rel.sys.global.add.u32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
+    return old;
+}
+__device__ __forceinline__ void st_release_sys(u32* p, u32 v) {
+    asm volatile("st.release.sys.global.u32 [%0], %1;" : : "l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ void st_v2(void* p, u32 a, u32 b) {
+    asm volatile("st.global.v2.u32 [%0], {%1,%2};" : : "l"(p), "r"(a), "r"(b) : "memory");
+}
+__device__ __forceinline__ void st_v4(void* p, u32 a, u32 b, u32 c, u32 d) {
+    asm volatile("st.global.v4.u32 [%0], {%1,%2,%3,%4};" : : "l"(p), "r"(a), "r"(b), "r"(c), "r"(d) : "memory");
+}
+__device__ __forceinline__ void fence_sys() { asm volatile("fence.sc.sys;" : : : "memory"); }
+__device__ __forceinline__ void nanosleep_ns(u32 ns) { asm volatile("nanosleep.u32 %0;" : : "r"(ns)); }
+__device__ __forceinline__ u32 lanemask_lt() {
+    u32 m;
+    asm("mov.u32 %0, %%lanemask_lt;" : "=r"(m));
+    return m;
+}
+__device__ __forceinline__ float h2f(u32 h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"((u16)h));
+    return f;
+}
+
+__device__ __forceinline__ u64 mix64(u64 x) {
+    x ^= x >> 30;
+    x *= 0xbf58476d1ce4e5b9ull;
+    x ^= x >> 27;
+    x *= 0x94d049bb133111ebull;
+    x ^= x >> 31;
+    return x;
+}
+__device__ __forceinline__ u32 hash32(u32 x) {
+    x ^= x >> 16;
+    x *= 0x7feb352du;
+    x ^= x >> 15;
+    x *= 0x846ca68bu;
+    x ^= x >> 16;
+    return x;
+}
+
+// (dist, id) order: ascending distance, ties by id.
+__device__ __forceinline__ bool key_lt(float ad, u32 ai, float bd, u32 bi) {
+    return ad < bd || (ad == bd && ai < bi);
+}
+__device__ __forceinline__ bool key_le(float ad, u32 ai, float bd, u32 bi) {
+    return ad < bd || (ad == bd && ai <= bi);
+}
+
+// ------------------------------------------------------------ visited set
+//
+// One open-addressing table per slot of 2^visited_log2 64-bit entries
+// (generation << 32 | node), linear probing. The generation is the query's
+// sequence number: an entry of an older generation counts as empty, so the
+// table is never cleared between queries (no barrier among the CTAs, no
+// race: the paper's per-query bitmap clear races with the other CTAs'
+// first marks). Its size depends on the work of one query, not on the
+// index, so one table serves every resident index. A claim is a load and,
+// for a new node, one 64-bit compare-and-swap. When VISIT_PROBES slots in a
+// row hold other nodes of this query the node is taken as unvisited (its
+// distance may then be computed twice; the host drops duplicates).
+// Returns true when this call claimed the node.
+__device__ __forceinline__ bool visit_claim(u64* table, u32 mask, u32 gen, u32 id, u32 h, u64 cur) {
+    const u64 key = ((u64)gen << 32) | (u64)id;
+    for (u32 p = 0; p < VISIT_PROBES;) {
+        if ((u32)(cur >> 32) == gen) {
+            if ((u32)cur == id) return false;
+            ++p;
+            h = (h + 1) & mask;
+            cur = ld_relaxed_u64(table + h);
+            continue;
+        }
+        u64 old = atomicCAS((unsigned long long*)(table + h), (unsigned long long)cur, (unsigned long long)key);
+        if (old == cur) return true;
+        cur = old;  // another CTA of this query took the slot: look again
+    }
+    return true;
+}
+
+// ------------------------------------------------------------ distances
+//
+// m candidate ids ci[0..m) (bit 31 ignored) -> cd[0..m). G lanes per vector
+// (a power of two, chosen by the host so that chunks <= DIST_UNROLL * G),
+// 32 / G vectors per pass; each lane issues all its (up to DIST_UNROLL)
+// independent 16-byte loads of a vector before it uses any. For SIFT in
+// fp16 (16 chunks) G = 1: one lane per vector, 32 vectors per pass, no
+// shuffles.
+#define DIST_UNROLL 16
+template <bool HALF, bool IP>
+__device__ __forceinline__ void distances_t(const unsigned char* vec, u32 chunks, u32 G, const float* q, const u32* ci,
+                                            float* cd, u32 m, u32 lane) {
+    const u32 sub = lane & (G - 1);
+    const u32 per = 32 / G;
+    const u32 which = lane / G;
+    for (u32 b = 0; b < m; b += per) {
+        const u32 i = b + which;
+        const bool act = i < m;
+        float acc = 0.f;
+        if (act) {
+            const unsigned char* row = vec + (u64)(ci[i] & ID_MASK) * chunks * 16u;
+            for (u32 c0 = 0; c0 < chunks; c0 += DIST_UNROLL * G) {
+                u32 w[DIST_UNROLL][4];
+#pragma unroll
+                for (u32 u = 0; u < DIST_UNROLL; u++) {
+                    const u32 c = c0 + sub + u * G;
+                    if (c < chunks) {
+                        ld_cg_v4(row + (u64)c * 16u, w[u][0], w[u][1], w[u][2], w[u][3]);
+                    } else {
+                        w[u][0] = w[u][1] = w[u][2] = w[u][3] = 0u;
+                    }
+                }
+#pragma unroll
+                for (u32 u = 0; u < DIST_UNROLL; u++) {
+                    const u32 c = c0 + sub + u * G;
+                    if (c < chunks) {
+                        if (HALF) {
+                            const float* qq = q + c * 8u;
+#pragma unroll
+                            for (u32 e = 0; e < 4; e++) {
+                                const float x0 = h2f(w[u][e] & 0xFFFFu), x1 = h2f(w[u][e] >> 16);
+                                if (IP) {
+                                    acc = fmaf(x0, qq[2 * e], acc);
+                                    acc = fmaf(x1, qq[2 * e + 1], acc);
+                                } else {
+                                    const float d0 = x0 - qq[2 * e], d1 = x1 - qq[2 * e + 1];
+                                    acc = fmaf(d0, d0, acc);
+                                    acc = fmaf(d1, d1, acc);
+                                }
+                            }
+                        } else {
+                            const float* qq = q + c * 4u;
+#pragma unroll
+                            for (u32 e = 0; e < 4; e++) {
+                                const float x = __uint_as_float(w[u][e]);
+                                if (IP) {
+                                    acc = fmaf(x, qq[e], acc);
+                                } else {
+                                    const float d = x - qq[e];
+                                    acc = fmaf(d, d, acc);
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        for (u32 o = G >> 1; o > 0; o >>= 1) acc += __shfl_xor_sync(FULL_MASK, acc, o);
+        if (act && sub == 0) cd[i] = IP ? -acc : acc;
+    }
+    __syncwarp();
+}
+
+__device__ __forceinline__ void distances(const IndexDesc& ix, const float* q, const u32* ci, float* cd, u32 m,
+                                          u32 lane) {
+    const unsigned char* vec = (const unsigned char*)ix.vectors;
+    if (ix.half) {
+        if (ix.metric) distances_t<true, true>(vec, ix.chunks, ix.lanes, q, ci, cd, m, lane);
+        else distances_t<true, false>(vec, ix.chunks, ix.lanes, q, ci, cd, m, lane);
+    } else {
+        if (ix.metric) distances_t<false, true>(vec, ix.chunks, ix.lanes, q, ci, cd, m, lane);
+        else distances_t<false, false>(vec, ix.chunks, ix.lanes, q, ci, cd, m, lane);
+    }
+}
+
+// ------------------------------------------------------------ list upkeep
+
+// Sorts one (d, id) per lane ascending across the warp (bitonic).
+__device__ __forceinline__ void warp_sort32(float& d, u32& id, u32 lane) {
+#pragma unroll
+    for (u32 k = 2; k <= 32; k <<= 1) {
+#pragma unroll
+        for (u32 j = k >> 1; j > 0; j >>= 1) {
+            const float od = __shfl_xor_sync(FULL_MASK, d, j);
+            const u32 oi = __shfl_xor_sync(FULL_MASK, id, j);
+            const bool want_min = ((lane & j) == 0) == ((lane & k) == 0);
+            const bool other_lt = key_lt(od, oi & ID_MASK, d, id & ID_MASK);
+            const bool other_gt = key_lt(d, id & ID_MASK, od, oi & ID_MASK);
+            if (want_min ? other_lt : other_gt) {
+                d = od;
+                id = oi;
+            }
+        }
+    }
+}
+
+// Merges c <= 32 sorted new entries (one per lane, lanes >= c hold +inf)
+// into the sorted list (ad, ai)[0..cnt), writing the first min(cap, cnt + c)
+// of the union into (bd, bi). Each element's place is its rank in its own
+// list plus a binary search in the other (old entries first on equal keys).
+__device__ __forceinline__ u32 merge_into(const float* ad, const u32* ai, u32 cnt, float* bd, u32* bi, u32 cap,
+                                          float d, u32 id, u32 c, float* nd, u32* ni, u32 lane) {
+    nd[lane] = d;
+    ni[lane] = id;
+    __syncwarp();
+    if (lane < c) {
+        const u32 key = id & ID_MASK;
+        u32 lo = 0, hi = cnt;
+        while (lo < hi) {
+            const u32 mid = (lo + hi) >> 1;
+            if (key_le(ad[mid], ai[mid] & ID_MASK, d, key)) lo = mid + 1;
+            else hi = mid;
+        }
+        const u32 pos = lane + lo;
+        if (pos < cap) {
+            bd[pos] = d;
+            bi[pos] = id;
+        }
+    }
+    for (u32 j = lane; j < cnt; j += 32) {
+        const float dj = ad[j];
+        const u32 ij = ai[j];
+        const u32 kj = ij & ID_MASK;
+        u32 lo = 0, hi = c;
+        while (lo < hi) {
+            const u32 mid = (lo + hi) >> 1;
+            if (key_lt(nd[mid], ni[mid] & ID_MASK, dj, kj)) lo = mid + 1;
+            else hi = mid;
+        }
+        const u32 pos = j + lo;
+        if (pos < cap) {
+            bd[pos] = dj;
+            bi[pos] = ij;
+        }
+    }
+    __syncwarp();
+    const u32 total = cnt + c;
+    return total < cap ? total : cap;
+}
+
+// ------------------------------------------------------------ the kernel
+
+struct Lists {
+    float* ad;
+    u32* ai;
+    float* bd;
+    u32* bi;
+    u32 cnt;
+};
+
+// Distances of the m new ids in ci, then the ones nearer than the list's
+// last entry merged into the list, 32 at a time.
+__device__ __forceinline__ void absorb(const IndexDesc& ix, const float* q, u32* ci, float* cd, u32 m, Lists& L,
+                                       u32 cap, float* nd, u32* ni, u32 lane) {
+    if (m == 0) return;
+    distances(ix, q, ci, cd, m, lane);
+    // survivors, compacted in place
+    const float inf = __int_as_float(0x7f800000);
+    const float thr = L.cnt >= cap ? L.ad[cap - 1] : inf;
+    u32 ms = 0;
+    for (u32 b = 0; b < m; b += 32) {
+        const u32 i = b + lane;
+        float d = inf;
+        u32 id = NO_NODE;
+        bool keep = false;
+        if (i < m) {
+            d = cd[i];
+            id = ci[i];
+            keep = d < thr;
+        }
+        const u32 bal = __ballot_sync(FULL_MASK, keep);
+        __syncwarp();
+        if (keep) {
+            const u32 p = ms + __popc(bal & lanemask_lt());
+            cd[p] = d;
+            ci[p] = id;
+        }
+        ms += __popc(bal);
+        __syncwarp();
+    }
+    for (u32 b = 0; b < ms; b += 32) {
+        const u32 i = b + lane;
+        float d = inf;
+        u32 id = NO_NODE;
+        if (i < ms) {
+            d = cd[i];
+            id = ci[i];
+        }
+        warp_sort32(d, id, lane);
+        const u32 c = ms - b < 32 ? ms - b : 32;
+        L.cnt = merge_into(L.ad, L.ai, L.cnt, L.bd, L.bi, cap, d, id, c, nd, ni, lane);
+        float* td = L.ad;
+        L.ad = L.bd;
+        L.bd = td;
+        u32* ti = L.ai;
+        L.ai = L.bi;
+        L.bi = ti;
+    }
+}
+
+// Claims the unvisited ones among up to CAND_CAP ids produced by src(e) for
+// e < total (e = u * 32 + lane) and writes them to ci; returns their count.
+// Every lane issues all its id loads, then all its first probes, then one
+// compare-and-swap per id whose home slot holds an older query's entry,
+// before it looks at any result: three round trips for a step, whatever
+// the beam width. Collisions and lost races fall back to visit_claim.
+template <typename Src>
+__device__ __forceinline__ u32 claim_batch(u64* table, u32 mask, u32 gen, u32 n, u32 total, Src src, u32* ci,
+                                           u32 lane) {
+    u32 ids[MAX_R];
+    u64 cur[MAX_R];
+    u64 got[MAX_R];
+    u32 hs[MAX_R];
+#pragma unroll
+    for (u32 u = 0; u < MAX_R; u++) {
+        const u32 e = u * 32 + lane;
+        ids[u] = e < total ? src(e) : NO_NODE;
+    }
+#pragma unroll
+    for (u32 u = 0; u < MAX_R; u++) {
+        hs[u] = 0;
+        cur[u] = 0;
+        if ((ids[u] & ID_MASK) < n) {
+            hs[u] = hash32(ids[u] & ID_MASK) & mask;
+            cur[u] = ld_relaxed_u64(table + hs[u]);
+        }
+    }
+#pragma unroll
+    for (u32 u = 0; u < MAX_R; u++) {
+        got[u] = cur[u];
+        if ((ids[u] & ID_MASK) < n && (u32)(cur[u] >> 32) != gen) {
+            const u64 key = ((u64)gen << 32) | (u64)(ids[u] & ID_MASK);
+            got[u] = atomicCAS((unsigned long long*)(table + hs[u]), (unsigned long long)cur[u],
+                               (unsigned long long)key);
+        }
+    }
+    u32 m = 0;
+#pragma unroll
+    for (u32 u = 0; u < MAX_R; u++) {
+        if (u * 32 >= total) break;
+        bool fresh = false;
+        const u32 id = ids[u] & ID_MASK;
+        if (id < n) {
+            if ((u32)(cur[u] >> 32) != gen) {
+                // we tried to claim an old query's entry
+                fresh = got[u] == cur[u] ? true : visit_claim(table, mask, gen, id, hs[u], got[u]);
+            } else if ((u32)cur[u] != id) {
+                // another node of this query lives there: probe on
+                fresh = visit_claim(table, mask, gen, id, hs[u], cur[u]);
+            }
+        }
+        const u32 bal = __ballot_sync(FULL_MASK, fresh);
+        if (fresh) ci[m + __popc(bal & lanemask_lt())] = ids[u];
+        m += __popc(bal);
+    }
+    __syncwarp();
+    return m;
+}
+
+struct AdjSrc {
+    const u32* adj;
+    const u32* sel;
+    u32 degree;
+    __device__ __forceinline__ u32 operator()(u32 e) const {
+        const u32 s = sel[e / degree];
+        return ld_cg_u32(adj + (u64)s * degree + (e % degree));
+    }
+};
+
+// The entry point's neighbours j with j % ctas == t.
+struct EntrySrc {
+    const u32* row;
+    u32 t;
+    u32 ctas;
+    __device__ __forceinline__ u32 operator()(u32 e) const { return ld_cg_u32(row + t + e * ctas); }
+};
+
+struct SeedSrc {
+    u32 entry;
+    u32 seeds;
+    u32 n;
+    u64 salt;
+    __device__ __forceinline__ u32 operator()(u32 e) const {
+        // e == 0: the entry point, marked expanded (every CTA expands it
+        // next); 1..seeds: pseudo-random nodes of this CTA
+        if (e == 0) return entry | EXP_BIT;
+        if (e <= seeds) return (u32)(mix64(salt + e) % (u64)n);
+        return NO_NODE;
+    }
+};
+
+extern "C" __global__ void __launch_bounds__(32)
+    search_persistent(const IndexDesc* indexes, u32 n_indexes, u32* cmd, const unsigned char* reqs, u32 req_stride,
+                      u64* visited, u32 visited_log2, u32* done, unsigned char* results, u32 result_stride,
+                      u32 k_max, u32* finish, u32 finish_stride, u32 ctas_per_slot, u32 list_cap, u32 max_qwords,
+                      u32 max_sleep_ns) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    float* q = (float*)smem;
+    float* l0d = q + max_qwords;
+    u32* l0i = (u32*)(l0d + list_cap);
+    float* l1d = (float*)(l0i + list_cap);
+    u32* l1i = (u32*)(l1d + list_cap);
+    float* cd = (float*)(l1i + list_cap);
+    u32* ci = (u32*)(cd + CAND_CAP);
+    float* nd = (float*)(ci + CAND_CAP);
+    u32* ni = (u32*)(nd + 32);
+    u32* sel = ni + 32;
+
+    const u32 lane = threadIdx.x;
+    const u32 slot = blockIdx.x / ctas_per_slot;
+    const u32 t = blockIdx.x - slot * ctas_per_slot;
+    const u32 vmask = (1u << visited_log2) - 1u;
+    u64* table = visited + ((u64)slot << visited_log2);
+    const u32* req = (const u32*)(reqs + (u64)slot * req_stride);
+    unsigned char* out = results + (u64)slot * result_stride + (u64)t * (OUT_HEAD_BYTES + 8u * k_max);
+
+    u32 last = 0, idle = 0;
+    for (;;) {
+        u32 c = 0;
+        if (lane == 0) c = ld_acquire_u32(cmd + slot);
+        c = __shfl_sync(FULL_MASK, c, 0);
+        if (c == last) {
+            // idle: back off, deeper the longer the slot stays idle
+            ++idle;
+            const u32 ns = idle < 32 ? 64u : idle < 2048 ? 512u : idle < 65536 ? 4096u : max_sleep_ns;
+            nanosleep_ns(ns);
+            continue;
+        }
+        __syncwarp();
+        if (c == CMD_QUIT) return;
+        if (c == CMD_FAULT) {
+            // test switch: an illegal address, which poisons the context
+            volatile u32* bad = (volatile u32*)(u64)0x10;
+            *bad = lane;
+            asm volatile("trap;");
+        }
+        last = c;
+        idle = 0;
+        const u32 ctas = (c & 31u) + 1u;
+        if (t >= ctas) continue;  // this CTA sits the query out
+        // the request is in device memory before cmd changed (stream order);
+        // its own sequence word says so (and nobody rewrites it before this
+        // CTA arrives below)
+        while (ld_cg_u32(req + RQ_SEQ) != c) nanosleep_ns(32);
+        const u32 xi = ld_cg_u32(req + RQ_INDEX);
+        const u32 xgen = ld_cg_u32(req + RQ_GEN);
+        const u32 k = ld_cg_u32(req + RQ_K);
+        const u32 cap = ld_cg_u32(req + RQ_LIST);
+        const u32 max_expand = ld_cg_u32(req + RQ_MAX_EXPAND);
+        const u32 offset_beam = ld_cg_u32(req + RQ_OFFSET_BEAM);
+        const u32 beam = ld_cg_u32(req + RQ_BEAM);
+        const u32 seeds = ld_cg_u32(req + RQ_SEEDS);
+        const u32 qwords = ld_cg_u32(req + RQ_QWORDS);
+
+        IndexDesc ix;
+        bool ok = xi < n_indexes;
+        if (ok) {
+            const IndexDesc* p = indexes + xi;
+            ix.vectors = ((u64)ld_cg_u32((const u32*)&p->vectors + 1) << 32) | ld_cg_u32(&p->vectors);
+            ix.adjacency = ((u64)ld_cg_u32((const u32*)&p->adjacency + 1) << 32) | ld_cg_u32(&p->adjacency);
+            ix.flags = ((u64)ld_cg_u32((const u32*)&p->flags + 1) << 32) | ld_cg_u32(&p->flags);
+            ix.n = ld_cg_u32(&p->n);
+            ix.degree = ld_cg_u32(&p->degree);
+            ix.entry = ld_cg_u32(&p->entry);
+            ix.chunks = ld_cg_u32(&p->chunks);
+            ix.half = ld_cg_u32(&p->half);
+            ix.metric = ld_cg_u32(&p->metric);
+            ix.lanes = ld_cg_u32(&p->lanes);
+            ix.gen = ld_cg_u32(&p->gen);
+            ok = ix.gen != 0 && ix.gen == xgen && ix.n > 0 && ix.entry < ix.n && ix.degree > 0 &&
+                 ix.degree <= CAND_CAP && cap > 0 && cap <= list_cap && k <= k_max && qwords <= max_qwords;
+        }
+        u32 written = 0, expanded = 0, computed = 0;
+        if (ok) {
+            for (u32 i = lane * 4; i < qwords; i += 128) {
+                u32 a, b, cc, d;
+                ld_cg_v4(req + RQ_HEAD_WORDS + i, a, b, cc, d);
+                q[i] = __uint_as_float(a);
+                q[i + 1] = __uint_as_float(b);
+                q[i + 2] = __uint_as_float(cc);
+                q[i + 3] = __uint_as_float(d);
+            }
+            __syncwarp();
+            Lists L;
+            L.ad = l0d;
+            L.ai = l0i;
+            L.bd = l1d;
+            L.bi = l1i;
+            L.cnt = 0;
+            const u32* adj = (const u32*)ix.adjacency;
+            const u32 bmax_r = CAND_CAP / ix.degree;
+            const u32 bmax = bmax_r < 32 ? bmax_r : 32;
+            const u32 bw = beam < bmax ? (beam > 0 ? beam : 1) : bmax;
+
+            // start: the entry point and this CTA's random seeds
+            SeedSrc ss;
+            ss.entry = ix.entry;
+            ss.seeds = seeds < 31 ? seeds : 31;
+            ss.n = ix.n;
+            ss.salt = mix64(((u64)c << 32) ^ ((u64)slot << 8) ^ (u64)t);
+            u32 m = claim_batch(table, vmask, c, ix.n, 1 + ss.seeds, ss, ci, lane);
+            computed += m;
+            absorb(ix, q, ci, cd, m, L, cap, nd, ni, lane);
+            // every CTA expands its share of the entry point's neighbours
+            EntrySrc es;
+            es.row = adj + (u64)ix.entry * ix.degree;
+            es.t = t;
+            es.ctas = ctas;
+            m = claim_batch(table, vmask, c, ix.n, t < ix.degree ? (ix.degree - t + ctas - 1) / ctas : 0, es, ci,
+                            lane);
+            computed += m;
+            absorb(ix, q, ci, cd, m, L, cap, nd, ni, lane);
+            expanded = 1;
+            u32 nsel = 0;
+            for (;;) {
+                if (nsel > 0) {
+                    AdjSrc as;
+                    as.adj = adj;
+                    as.sel = sel;
+                    as.degree = ix.degree;
+                    m = claim_batch(table, vmask, c, ix.n, nsel * ix.degree, as, ci, lane);
+                    computed += m;
+                    absorb(ix, q, ci, cd, m, L, cap, nd, ni, lane);
+                    expanded += nsel;
+                }
+                if (expanded >= max_expand) break;
+                // the next candidates to expand: the first unexpanded ones
+                nsel = 0;
+                u32 want = 0xFFFFFFFFu;
+                for (u32 base = 0; base < L.cnt && nsel < want; base += 32) {
+                    const u32 j = base + lane;
+                    const bool un = j < L.cnt && (L.ai[j] & EXP_BIT) == 0;
+                    const u32 bal = __ballot_sync(FULL_MASK, un);
+                    if (bal != 0 && want == 0xFFFFFFFFu) {
+                        const u32 first = base + __ffs(bal) - 1;
+                        want = first >= offset_beam ? bw : 1;
+                    }
+                    if (un) {
+                        const u32 r = nsel + __popc(bal & lanemask_lt());
+                        if (r < want) {
+                            sel[r] = L.ai[j];
+                            L.ai[j] = L.ai[j] | EXP_BIT;
+                        }
+                    }
+                    const u32 got = nsel + __popc(bal);
+                    nsel = got < want ? got : want;
+                }
+                __syncwarp();
+                if (nsel == 0) break;  // every candidate of the list is expanded
+            }
+
+            // the first k live entries, to mapped host memory
+            const unsigned char* flags = (const unsigned char*)ix.flags;
+            for (u32 base = 0; base < L.cnt && written < k; base += 32) {
+                const u32 j = base + lane;
+                bool live = false;
+                u32 id = 0;
+                float d = 0.f;
+                if (j < L.cnt) {
+                    id = L.ai[j] & ID_MASK;
+                    d = L.ad[j];
+                    live = (ld_cg_u8(flags + id) & FLAG_DELETED) == 0;
+                }
+                const u32 bal = __ballot_sync(FULL_MASK, live);
+                if (live) {
+                    const u32 r = written + __popc(bal & lanemask_lt());
+                    if (r < k) st_v2(out + OUT_HEAD_BYTES + 8u * r, __float_as_uint(d), id);
+                }
+                const u32 got = written + __popc(bal);
+                written = got < k ? got : k;
+            }
+        } else {
+            expanded = OUT_BAD_INDEX;
+        }
+        if (lane == 0) st_v4(out, c, written, expanded, computed);
+        fence_sys();
+        __syncwarp();
+        if (lane == 0) {
+            const u32 a = atom_add_sys(done + slot, 1u);
+            if (a == ctas - 1) {
+                // the last CTA of the query: reset the counter, then Finish
+                atomicExch(done + slot, 0u);
+                fence_sys();
+                st_release_sys(finish + (u64)slot * finish_stride, c);
+            }
+        }
+        __syncwarp();
+    }
+}

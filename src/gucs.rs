@@ -4,6 +4,8 @@ use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting, PostgresGucEnum};
 
 /// The search beam: results kept per search round.
 pub static EF_SEARCH: GucSetting<i32> = GucSetting::<i32>::new(40);
+/// Its largest value; also the most results a worker's answer carries.
+pub const EF_SEARCH_MAX: i32 = 1000;
 
 #[derive(PostgresGucEnum, Clone, Copy, PartialEq, Eq, Debug)]
 pub enum IterativeScan {
@@ -34,6 +36,53 @@ pub static BUILD_DEVICE: GucSetting<BuildDevice> = GucSetting::<BuildDevice>::ne
 
 pub static ITERATIVE_SCAN: GucSetting<IterativeScan> = GucSetting::<IterativeScan>::new(IterativeScan::RelaxedOrder);
 
+#[derive(PostgresGucEnum, Clone, Copy, PartialEq, Eq, Debug)]
+pub enum SearchDevice {
+    /// the search worker when one runs, else the CPU
+    #[name = c"auto"]
+    Auto,
+    /// the search worker; the CPU only as a (counted) fallback
+    #[name = c"gpu"]
+    Gpu,
+    #[name = c"cpu"]
+    Cpu,
+}
+
+pub static SEARCH_DEVICE: GucSetting<SearchDevice> = GucSetting::<SearchDevice>::new(SearchDevice::Auto);
+/// Milliseconds a scan waits for the worker's answer before searching on the CPU.
+pub static GPU_TIMEOUT: GucSetting<i32> = GucSetting::<i32>::new(100);
+/// Megabytes of index copies the worker keeps; 0 = automatic.
+pub static GPU_MEMORY_LIMIT: GucSetting<i32> = GucSetting::<i32>::new(0);
+/// Test switch: the next worker request makes the worker fail.
+pub static INJECT_FAULT: GucSetting<bool> = GucSetting::<bool>::new(false);
+/// Test switch: the worker holds this session's answers this many ms.
+pub static WORKER_DELAY: GucSetting<i32> = GucSetting::<i32>::new(0);
+
+#[derive(PostgresGucEnum, Clone, Copy, PartialEq, Eq, Debug)]
+pub enum WorkerStart {
+    /// when a GPU device node exists, or worker_device = cpu
+    #[name = c"auto"]
+    Auto,
+    #[name = c"on"]
+    On,
+    #[name = c"off"]
+    Off,
+}
+
+#[derive(PostgresGucEnum, Clone, Copy, PartialEq, Eq, Debug)]
+pub enum WorkerDevice {
+    #[name = c"gpu"]
+    Gpu,
+    /// test mode: the worker answers with the engine's CPU search
+    #[name = c"cpu"]
+    Cpu,
+}
+
+pub static WORKER: GucSetting<WorkerStart> = GucSetting::<WorkerStart>::new(WorkerStart::Auto);
+pub static WORKER_DEVICE: GucSetting<WorkerDevice> = GucSetting::<WorkerDevice>::new(WorkerDevice::Gpu);
+/// Query slots of the shared-memory ring.
+pub static WORKER_SLOTS: GucSetting<i32> = GucSetting::<i32>::new(128);
+
 pub fn register() {
     GucRegistry::define_int_guc(
         c"gpu_graph.ef_search",
@@ -41,7 +90,7 @@ pub fn register() {
         c"Results kept per search round; higher gives better recall and slower queries.",
         &EF_SEARCH,
         1,
-        1000,
+        EF_SEARCH_MAX,
         GucContext::Userset,
         GucFlags::default(),
     );
@@ -61,6 +110,88 @@ pub fn register() {
           drops rows nearer than one already returned; off stops after ef_search rows.",
         &ITERATIVE_SCAN,
         GucContext::Userset,
+        GucFlags::default(),
+    );
+    GucRegistry::define_enum_guc(
+        c"gpu_graph.search_device",
+        c"Where gpu_graph index scans search: auto, gpu or cpu.",
+        c"auto asks the search worker when one runs and searches on the CPU otherwise; gpu always asks the \
+          worker and counts every CPU fallback (see gpu_graph_worker_stats()); cpu never asks it.",
+        &SEARCH_DEVICE,
+        GucContext::Userset,
+        GucFlags::EXPLAIN,
+    );
+    GucRegistry::define_int_guc(
+        c"gpu_graph.gpu_timeout",
+        c"How long a scan waits for the search worker before searching on the CPU itself.",
+        c"",
+        &GPU_TIMEOUT,
+        1,
+        3_600_000,
+        GucContext::Userset,
+        GucFlags::UNIT_MS,
+    );
+    GucRegistry::define_int_guc(
+        c"gpu_graph.gpu_memory_limit",
+        c"Memory the search worker may use for index copies; least recently used copies are evicted.",
+        c"0 = automatic: the GPU's free memory less 1 GB when the worker starts (worker_device = gpu), \
+          no limit with worker_device = cpu.",
+        &GPU_MEMORY_LIMIT,
+        0,
+        i32::MAX,
+        GucContext::Sighup,
+        GucFlags::UNIT_MB,
+    );
+    GucRegistry::define_bool_guc(
+        c"gpu_graph.inject_fault",
+        c"Test only: the search worker fails on this session's next request.",
+        c"With worker_device = gpu the worker makes its kernel fault (a poisoned CUDA context); with cpu it \
+          raises an error. Either way it exits and the postmaster restarts it.",
+        &INJECT_FAULT,
+        GucContext::Suset,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"gpu_graph.worker_delay",
+        c"Test only: the search worker holds this session's answers this long.",
+        c"",
+        &WORKER_DELAY,
+        0,
+        3_600_000,
+        GucContext::Suset,
+        GucFlags::UNIT_MS,
+    );
+}
+
+/// The settings fixed at server start. PostgreSQL allows PGC_POSTMASTER
+/// settings only while shared_preload_libraries loads (a later definition is
+/// a FATAL error), so these exist only when gpu_graph is preloaded.
+pub fn register_postmaster() {
+    GucRegistry::define_enum_guc(
+        c"gpu_graph.worker",
+        c"Whether the GPU search worker starts: auto, on or off.",
+        c"auto starts it when a GPU device node (/dev/nvidiactl, /dev/nvidia0) exists or when \
+          gpu_graph.worker_device = cpu. Needs gpu_graph in shared_preload_libraries.",
+        &WORKER,
+        GucContext::Postmaster,
+        GucFlags::default(),
+    );
+    GucRegistry::define_enum_guc(
+        c"gpu_graph.worker_device",
+        c"What the search worker searches with: gpu, or cpu (a test mode: the same protocol, the engine's CPU search).",
+        c"",
+        &WORKER_DEVICE,
+        GucContext::Postmaster,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"gpu_graph.worker_slots",
+        c"Query slots of the search worker's shared-memory ring: the most scans waiting on it at once.",
+        c"A scan that finds no free slot searches on the CPU.",
+        &WORKER_SLOTS,
+        1,
+        4096,
+        GucContext::Postmaster,
         GucFlags::default(),
     );
 }

@@ -1,6 +1,7 @@
 //! gpu_graph: the PostgreSQL side. Thin glue over `gpu_graph_engine`: one file
 //! per access-method callback under `am/`, the page layout and WAL under
-//! `storage/`, the SQL types and operators under `types/`.
+//! `storage/`, the SQL types and operators under `types/`, the GPU search
+//! worker and its shared-memory ring under `worker/`.
 
 use pgrx::prelude::*;
 
@@ -8,6 +9,7 @@ mod am;
 mod gucs;
 mod storage;
 mod types;
+mod worker;
 
 ::pgrx::pg_module_magic!();
 
@@ -15,6 +17,10 @@ mod types;
 pub extern "C-unwind" fn _PG_init() {
     gucs::register();
     am::options::register();
+    if unsafe { pg_sys::process_shared_preload_libraries_in_progress } {
+        gucs::register_postmaster();
+        worker::preload();
+    }
 }
 
 #[cfg(any(test, feature = "pg_test"))]

@@ -1,4 +1,5 @@
-//! gpu_graph_info(index): what the index is, how it was built, its shape.
+//! gpu_graph_info(index): what the index is, how it was built, its shape,
+//! and whether the search worker holds a copy of it.
 
 use gpu_graph_engine::store::GraphView;
 use pgrx::prelude::*;
@@ -40,6 +41,7 @@ fn gpu_graph_info(index: pg_sys::Oid) -> JsonB {
             }
         }
         let blocks = pg_sys::RelationGetNumberOfBlocksInFork(rel, pg_sys::ForkNumber::MAIN_FORKNUM);
+        let search = crate::worker::index_info(rel);
         pg_sys::index_close(rel, pg_sys::AccessShareLock as i32);
         let p = meta.params();
         let phases: serde_json::Map<String, serde_json::Value> =
@@ -67,6 +69,7 @@ fn gpu_graph_info(index: pg_sys::Oid) -> JsonB {
             "entry_point": meta.entry(),
             "generation": meta.generation,
             "pages": blocks,
+            "search": search,
         }))
     }
 }

@@ -1,6 +1,10 @@
 //! Index scans (ambeginscan … amendscan): the engine's resumable search over
 //! the index's pages, handing out heap TIDs in increasing distance with the
 //! exact distance in xs_orderbyvals.
+//!
+//! The first round may come from the search worker (gpu_graph.search_device,
+//! see worker::client); a scan that wants more rows continues on the CPU
+//! from the nodes the worker handed out, never returning one twice.
 
 use std::collections::VecDeque;
 
@@ -14,10 +18,15 @@ use super::vector::{check_dim, checked};
 use crate::gucs::{IterativeScan, EF_SEARCH, ITERATIVE_SCAN};
 use crate::storage::meta::Meta;
 use crate::storage::page_store::{payload_to_tid, PageStore};
+use crate::worker;
 
 struct ScanState {
     store: Option<PageStore>,
     metric: Metric,
+    /// the query as given, for a CPU search after the worker's round
+    query: Vec<f32>,
+    /// the nodes of the worker's round, when it answered the first one
+    handed: Option<Vec<u32>>,
     search: Option<Search>,
     batch: VecDeque<Hit>,
     rounds: u32,
@@ -41,6 +50,8 @@ pub unsafe extern "C-unwind" fn ambeginscan(
     let st = ScanState {
         store: None,
         metric: Metric::L2,
+        query: Vec::new(),
+        handed: None,
         search: None,
         batch: VecDeque::new(),
         rounds: 0,
@@ -69,6 +80,7 @@ pub unsafe extern "C-unwind" fn amrescan(
     }
     let st = state(scan);
     st.search = None;
+    st.handed = None;
     st.store = None;
     st.batch.clear();
     st.rounds = 0;
@@ -100,14 +112,25 @@ unsafe fn start(scan: pg_sys::IndexScanDesc, st: &mut ScanState) {
         check_dim(meta.dim as usize, v.len(), &whence);
         v.to_vec()
     };
-    st.search = Some(Search::new(&store, st.metric, &query));
+    let ef = EF_SEARCH.get() as usize;
+    // a NULL query's rows come in no order: nothing to ask the worker
+    let answer = if st.null_query { None } else { worker::first_round(index, &meta, &store, &query, ef) };
+    match answer {
+        Some(answer) => {
+            st.batch = answer.hits.into();
+            st.handed = Some(answer.handed);
+            st.rounds = 1;
+        }
+        None => st.search = Some(Search::new(&store, st.metric, &query)),
+    }
+    st.query = query;
     st.store = Some(store);
 }
 
 #[pg_guard]
 pub unsafe extern "C-unwind" fn amgettuple(scan: pg_sys::IndexScanDesc, _dir: pg_sys::ScanDirection::Type) -> bool {
     let st = state(scan);
-    if st.search.is_none() && !st.done {
+    if st.store.is_none() && !st.done {
         start(scan, st);
     }
     let mode = ITERATIVE_SCAN.get();
@@ -131,8 +154,13 @@ pub unsafe extern "C-unwind" fn amgettuple(scan: pg_sys::IndexScanDesc, _dir: pg
             return false;
         }
         pg_sys::check_for_interrupts!();
-        let (search, store) = (st.search.as_mut().unwrap(), st.store.as_ref().unwrap());
-        let batch = search.next_round(store, EF_SEARCH.get() as usize);
+        let store = st.store.as_ref().unwrap();
+        if st.search.is_none() {
+            // the worker answered the first round: go on from its nodes
+            worker::cpu_after_worker();
+            st.search = Some(Search::resume(store, st.metric, &st.query, st.handed.as_deref().unwrap_or_default()));
+        }
+        let batch = st.search.as_mut().unwrap().next_round(store, EF_SEARCH.get() as usize);
         st.rounds += 1;
         if batch.is_empty() {
             st.done = true;
@@ -147,5 +175,6 @@ pub unsafe extern "C-unwind" fn amendscan(scan: pg_sys::IndexScanDesc) {
     // free the search's memory now rather than with the context
     let st = state(scan);
     st.search = None;
+    st.handed = None;
     st.batch = VecDeque::new();
 }

@@ -63,6 +63,15 @@ pub struct Search {
 impl Search {
     /// Starts a search for `query` (raw, as the user gave it).
     pub fn new<G: GraphView>(store: &G, metric: Metric, query: &[f32]) -> Search {
+        Search::resume(store, metric, query, &[])
+    }
+
+    /// Continues a search whose first results were found elsewhere (the GPU
+    /// search worker, over its copy of the graph): the `returned` nodes are
+    /// expanded like any candidate but never returned again, so the next
+    /// rounds start from the neighbourhood that answer found and hand out
+    /// only nodes not handed out before.
+    pub fn resume<G: GraphView>(store: &G, metric: Metric, query: &[f32], returned: &[u32]) -> Search {
         let mut s = Search {
             metric,
             query: metric.prepare_query(query),
@@ -73,6 +82,16 @@ impl Search {
             visits: 0,
             neighbors: Vec::new(),
         };
+        for &node in returned {
+            if !s.visited.insert(node) {
+                continue;
+            }
+            let (m, q) = (s.metric, &s.query);
+            if let Some(v) = store.visit(node, |x| m.search_distance(q, x)) {
+                s.visits += 1;
+                s.frontier.push(Reverse(Cand { dist: v.dist, node, payload: v.payload, deleted: v.deleted }));
+            }
+        }
         if let Some(e) = store.entry() {
             s.discover(store, e);
         }
@@ -183,4 +202,38 @@ pub fn search<G: GraphView>(store: &G, metric: Metric, query: &[f32], k: usize, 
     let mut r = s.next_round(store, ef.max(k));
     r.truncate(k);
     r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memory::MemoryStore;
+    use crate::params::BuildParams;
+    use crate::rnn_descent::build;
+    use crate::store::GraphMut;
+
+    #[test]
+    fn resume_never_returns_a_node_twice() {
+        let (n, dim) = (400usize, 4usize);
+        let v: Vec<f32> = (0..n * dim).map(|i| ((i * 7919) % 1000) as f32 / 10.0).collect();
+        let g = build(&v, dim, &BuildParams { degree: 8, ..BuildParams::default() }, &mut |_, _| true).unwrap();
+        let store = MemoryStore::from_graph(&g, v.clone(), dim, (0..n as u64).collect());
+        store.mark_deleted(5);
+        let q = [50.0, 20.0, 70.0, 10.0];
+        // the first answer, as the worker would give it: a deleted node included
+        let mut first: Vec<u32> = search(&store, Metric::L2, &q, 10, 10).iter().map(|h| h.node).collect();
+        first.push(5);
+        let mut s = Search::resume(&store, Metric::L2, &q, &first);
+        let mut all = first.clone();
+        loop {
+            let round = s.next_round(&store, 16);
+            if round.is_empty() {
+                break;
+            }
+            assert!(round.iter().all(|h| !first.contains(&h.node)), "a node of the first answer came back");
+            all.extend(round.iter().map(|h| h.node));
+        }
+        all.sort_unstable();
+        assert_eq!(all, (0..n as u32).collect::<Vec<_>>(), "every node once (5 only as handed out)");
+    }
 }

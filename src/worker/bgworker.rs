@@ -1,0 +1,359 @@
+//! The search worker process: registration, start, the main loop, exit.
+//!
+//! One loop on the main thread (PostgreSQL calls are allowed there only):
+//! take SUBMITTED slots, start their searches, poll the ones on the GPU,
+//! answer the finished ones, and read a few pages of a copy being loaded.
+//! It sleeps on its latch when there is nothing to do; backends set that
+//! latch when they submit. The worker is connected to no database (see
+//! `register`); it reads pages by RelFileNode (see `image`).
+//!
+//! Exits: SIGTERM (pg_terminate_backend, server shutdown) ends the loop; the
+//! worker drops its copies, shuts the GPU server down and exits with status 1
+//! so that the postmaster starts it again after bgw_restart_time (status 0
+//! would unregister it). Any ERROR or panic inside becomes FATAL (a
+//! background worker has no outer error handler): also status 1, never a
+//! signal, so PostgreSQL never restarts the other backends because of it. A
+//! poisoned GPU context (a device fault) ends the loop the same way. On every
+//! exit path the exit callback first marks the worker absent and wakes the
+//! backends waiting on it, which then search on the CPU.
+
+use std::path::Path;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use pgrx::bgworkers::{BackgroundWorker, SignalWakeFlags};
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+
+use super::device::{Device, Failure, Hits, Start};
+use super::gpu::GpuPending;
+use super::image::Key;
+use super::residency::{Lookup, Residency};
+use super::ring::{State, Status, MAX_HITS};
+use super::set_latch;
+use super::shmem::{shared, Shared};
+use super::stats::add;
+use crate::gucs::{WorkerDevice, WorkerStart, GPU_MEMORY_LIMIT, WORKER, WORKER_DEVICE};
+
+/// Seconds the postmaster waits before starting a worker that exited.
+const RESTART_SECONDS: i32 = 1;
+/// Seconds a worker that could not open its device waits before exiting
+/// (and being started again), so a missing GPU does not flood the log.
+const RETRY_SECONDS: u64 = 10;
+/// With a GPU, how long the loop keeps polling after its last work before
+/// it sleeps: a sleeping worker costs each new query a signal and a wakeup.
+const GPU_SPIN: Duration = Duration::from_micros(500);
+/// How often the worker looks for copies of dropped indexes.
+const SWEEP_EVERY: Duration = Duration::from_secs(10);
+
+/// Whether the worker starts: gpu_graph.worker, and for `auto` a GPU device
+/// node (looked at without touching CUDA: the postmaster must never create a
+/// CUDA context, which forked children cannot use) or the CPU test mode.
+pub fn wanted() -> bool {
+    match WORKER.get() {
+        WorkerStart::Off => false,
+        WorkerStart::On => true,
+        WorkerStart::Auto => {
+            WORKER_DEVICE.get() == WorkerDevice::Cpu || ["/dev/nvidiactl", "/dev/nvidia0"].iter().any(|p| Path::new(p).exists())
+        }
+    }
+}
+
+fn set_name<const N: usize>(dst: &mut [std::ffi::c_char; N], s: &str) {
+    for (d, b) in dst.iter_mut().zip(s.bytes().take(N - 1)) {
+        *d = b as std::ffi::c_char;
+    }
+}
+
+/// Registers the worker (from _PG_init while shared_preload_libraries loads).
+pub fn register() {
+    let mut w = pg_sys::BackgroundWorker::default();
+    set_name(&mut w.bgw_name, "gpu_graph search worker");
+    set_name(&mut w.bgw_type, "gpu_graph search worker");
+    set_name(&mut w.bgw_library_name, "gpu_graph");
+    set_name(&mut w.bgw_function_name, "gpu_graph_worker_main");
+    // connected to no database (as the logical replication launcher): it
+    // is then a backend like any other, listed in pg_stat_activity, ended
+    // by pg_terminate_backend, and it takes part in ProcSignal barriers
+    w.bgw_flags = (pg_sys::BGWORKER_SHMEM_ACCESS | pg_sys::BGWORKER_BACKEND_DATABASE_CONNECTION) as i32;
+    // from a consistent state on: hot standby scans are served too
+    w.bgw_start_time = pg_sys::BgWorkerStartTime::BgWorkerStart_ConsistentState;
+    w.bgw_restart_time = RESTART_SECONDS;
+    unsafe { pg_sys::RegisterBackgroundWorker(&mut w) };
+}
+
+fn shutdown_requested() -> bool {
+    unsafe { std::ptr::read_volatile(&raw const pg_sys::ShutdownRequestPending) != 0 }
+}
+
+/// Sleeps on the latch up to `timeout` (a request, SIGTERM or SIGHUP wakes it).
+fn sleep(timeout: Duration) {
+    let ms = timeout.as_micros().div_ceil(1000).max(1) as i64;
+    unsafe {
+        pg_sys::WaitLatch(
+            pg_sys::MyLatch,
+            (pg_sys::WL_LATCH_SET | pg_sys::WL_TIMEOUT | pg_sys::WL_EXIT_ON_PM_DEATH) as i32,
+            ms,
+            pg_sys::PG_WAIT_EXTENSION,
+        );
+    }
+}
+
+#[pg_guard]
+#[no_mangle]
+pub extern "C-unwind" fn gpu_graph_worker_main(_arg: pg_sys::Datum) {
+    BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
+    BackgroundWorker::connect_worker_to_spi(None, None);
+    let shared = shared().expect("the search worker runs only when gpu_graph is preloaded");
+    unsafe {
+        // buffer pins need a resource owner; there is no transaction here
+        pg_sys::CurrentResourceOwner = pg_sys::ResourceOwnerCreate(std::ptr::null_mut(), c"gpu_graph search worker".as_ptr());
+        pg_sys::before_shmem_exit(Some(at_exit), pg_sys::Datum::from(0));
+    }
+    let device = match Device::open(WORKER_DEVICE.get()) {
+        Ok(d) => d,
+        Err(e) => {
+            log!("gpu_graph search worker: cannot start: {e}; scans search on the CPU; trying again in {RETRY_SECONDS} s");
+            let until = Instant::now() + Duration::from_secs(RETRY_SECONDS);
+            while !shutdown_requested() && Instant::now() < until {
+                sleep(until - Instant::now());
+                unsafe { pg_sys::ResetLatch(pg_sys::MyLatch) };
+                pg_sys::check_for_interrupts!();
+            }
+            unsafe { pg_sys::proc_exit(1) };
+        }
+    };
+    for slot in shared.slots() {
+        slot.recover();
+    }
+    let auto_limit = device.auto_limit();
+    shared.worker_device.store(device.code(), Ordering::Relaxed);
+    shared.worker_procno.store(unsafe { (*pg_sys::MyProc).pgprocno }, Ordering::Release);
+    shared.worker_starts.fetch_add(1, Ordering::AcqRel);
+    shared.worker_pid.store(unsafe { pg_sys::MyProcPid }, Ordering::Release);
+    log!("gpu_graph search worker: serving index scans on {}", device.describe());
+
+    let mut w = Worker { shared, device, auto_limit, residency: Residency::default(), inflight: Vec::new() };
+    let outcome = w.serve();
+    w.residency.clear(&w.device, shared);
+    w.device.shutdown();
+    match outcome {
+        Ok(()) => log!("gpu_graph search worker: stopping"),
+        Err(why) => log!("gpu_graph search worker: exiting after a device failure: {why}"),
+    }
+    drop(w);
+    unsafe { pg_sys::proc_exit(1) };
+}
+
+/// Every exit: not serving any more, and the backends that wait learn it now.
+#[pg_guard]
+unsafe extern "C-unwind" fn at_exit(_code: i32, _arg: pg_sys::Datum) {
+    let Some(shared) = shared() else { return };
+    shared.worker_pid.store(0, Ordering::Release);
+    shared.worker_device.store(0, Ordering::Relaxed);
+    shared.residents.publish(&[]);
+    for slot in shared.slots() {
+        if matches!(slot.state().1, State::Submitted | State::Working) {
+            set_latch(std::ptr::read_volatile(&slot.request().procno));
+        }
+    }
+    // a load in progress holds session locks on its index and database;
+    // outside a transaction nothing else would release them
+    pg_sys::LockReleaseAll(pg_sys::DEFAULT_LOCKMETHOD as u16, true);
+}
+
+/// A request the worker holds (its slot in WORKING).
+struct InFlight {
+    slot: usize,
+    seq: u64,
+    taken_at: i64,
+    /// gpu_graph.worker_delay: not answered before this
+    due: Instant,
+    work: Work,
+}
+
+enum Work {
+    Done(Result<Hits, Status>),
+    Gpu(GpuPending),
+}
+
+struct Worker {
+    shared: &'static Shared,
+    device: Device,
+    auto_limit: usize,
+    residency: Residency,
+    inflight: Vec<InFlight>,
+}
+
+impl Worker {
+    /// gpu_graph.gpu_memory_limit in bytes (0 = none).
+    fn limit(&self) -> usize {
+        match GPU_MEMORY_LIMIT.get() {
+            0 => self.auto_limit,
+            mb => (mb as usize) << 20,
+        }
+    }
+
+    /// Runs until SIGTERM (Ok) or a device failure (Err).
+    fn serve(&mut self) -> Result<(), String> {
+        let mut last_work = Instant::now();
+        let mut last_sweep = Instant::now();
+        let spin = if matches!(self.device, Device::Gpu(_)) { GPU_SPIN } else { Duration::ZERO };
+        loop {
+            unsafe { pg_sys::ResetLatch(pg_sys::MyLatch) };
+            // ProcSignal barriers (DROP DATABASE waits for every process to
+            // close its files) and a cancel (an ERROR: the worker restarts)
+            pg_sys::check_for_interrupts!();
+            if shutdown_requested() {
+                return Ok(());
+            }
+            if unsafe { std::ptr::read_volatile(&raw const pg_sys::ConfigReloadPending) } != 0 {
+                unsafe {
+                    pg_sys::ConfigReloadPending = 0;
+                    pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP);
+                }
+            }
+            let took = self.take_requests()?;
+            let on_device = self.progress()?;
+            let loading = unsafe { self.residency.step(&self.device, self.limit(), self.shared)? };
+            if last_sweep.elapsed() >= SWEEP_EVERY {
+                unsafe { self.residency.forget_dropped(&self.device, self.shared) };
+                last_sweep = Instant::now();
+            }
+            if took || on_device || loading {
+                last_work = Instant::now();
+                continue;
+            }
+            if last_work.elapsed() < spin {
+                std::hint::spin_loop();
+                continue;
+            }
+            self.device.check()?;
+            // until a request, the next delayed answer, or a second
+            let now = Instant::now();
+            let next = self.inflight.iter().map(|f| f.due.saturating_duration_since(now)).min();
+            sleep(next.unwrap_or(Duration::from_secs(1)));
+        }
+    }
+
+    /// Takes every submitted request; whether there was one.
+    fn take_requests(&mut self) -> Result<bool, String> {
+        let mut took = false;
+        for (i, slot) in self.shared.slots().iter().enumerate() {
+            if let Some(seq) = slot.take() {
+                took = true;
+                self.start(i, seq)?;
+            }
+        }
+        Ok(took)
+    }
+
+    fn start(&mut self, i: usize, seq: u64) -> Result<(), String> {
+        let shared = self.shared;
+        let req = unsafe { shared.slots()[i].request() };
+        let taken_at = unsafe { pg_sys::GetCurrentTimestamp() };
+        add(&shared.counters.taken, 1);
+        add(&shared.counters.queue_us, (taken_at - req.submitted_at).max(0) as u64);
+        if req.fault {
+            log!("gpu_graph search worker: failing on purpose (gpu_graph.inject_fault)");
+            if let Err(Failure::Fatal(why)) = self.device.inject_fault() {
+                return Err(why);
+            }
+        }
+        let query = &req.query[..req.dim as usize];
+        let work = match self.residency.lookup(Key::of(req), req.generation) {
+            Lookup::Ready(r) => match self.device.start(&r.handle, query, req.k as usize, req.ef as usize) {
+                Ok(Start::Done(hits)) => Work::Done(Ok(hits)),
+                Ok(Start::Pending(p)) => Work::Gpu(p),
+                Err(f) => Work::Done(Err(status(f)?)),
+            },
+            Lookup::Unfit => Work::Done(Err(Status::Unfit)),
+            Lookup::Stale => {
+                unsafe { self.residency.want(req, &self.device, self.limit(), shared) };
+                Work::Done(Err(Status::Stale))
+            }
+        };
+        let due = Instant::now() + Duration::from_millis(req.delay_ms as u64);
+        self.inflight.push(InFlight { slot: i, seq, taken_at, due, work });
+        Ok(())
+    }
+
+    /// Polls the searches on the device and answers those that are done;
+    /// whether any is still on the device.
+    fn progress(&mut self) -> Result<bool, String> {
+        let now = Instant::now();
+        let mut on_device = false;
+        let mut i = 0;
+        while i < self.inflight.len() {
+            let f = &mut self.inflight[i];
+            let slot = &self.shared.slots()[f.slot];
+            if slot.abandoned(f.seq) {
+                // the backend gave up: free the slot (dropping a GPU ticket
+                // abandons its GPU slot too)
+                slot.answer(f.seq);
+                self.inflight.swap_remove(i);
+                continue;
+            }
+            if let Work::Gpu(p) = &mut f.work {
+                match self.device.poll(p) {
+                    Ok(None) => {
+                        on_device = true;
+                        i += 1;
+                        continue;
+                    }
+                    Ok(Some(hits)) => f.work = Work::Done(Ok(hits)),
+                    Err(e) => f.work = Work::Done(Err(status(e)?)),
+                }
+            }
+            if now < f.due {
+                i += 1;
+                continue;
+            }
+            let f = self.inflight.swap_remove(i);
+            self.answer(f);
+        }
+        Ok(on_device)
+    }
+
+    fn answer(&self, f: InFlight) {
+        let slot = &self.shared.slots()[f.slot];
+        // read before DONE: the backend may free and someone reuse the slot after
+        let procno = unsafe { slot.request().procno };
+        let reply = unsafe { slot.reply_mut() };
+        let c = &self.shared.counters;
+        match f.work {
+            Work::Done(Ok(hits)) => {
+                add(&c.searched, 1);
+                add(&c.search_us, (unsafe { pg_sys::GetCurrentTimestamp() } - f.taken_at).max(0) as u64);
+                let n = hits.len().min(MAX_HITS);
+                for (j, &(_, node)) in hits[..n].iter().enumerate() {
+                    reply.nodes[j] = node;
+                }
+                reply.n = n as u32;
+                reply.status = Status::Ok;
+            }
+            Work::Done(Err(s)) => {
+                reply.n = 0;
+                reply.status = s;
+            }
+            Work::Gpu(_) => unreachable!("answered only when done"),
+        }
+        add(&c.answered, 1);
+        if slot.answer(f.seq) {
+            set_latch(procno);
+        }
+    }
+}
+
+/// The status a failed search answers with; Err for a fatal one.
+fn status(f: Failure) -> Result<Status, String> {
+    match f {
+        Failure::Busy => Ok(Status::Busy),
+        Failure::Unfit(_) => Ok(Status::Unfit),
+        Failure::Error(why) => {
+            log!("gpu_graph search worker: a search failed: {why}");
+            Ok(Status::Error)
+        }
+        Failure::Fatal(why) => Err(why),
+    }
+}

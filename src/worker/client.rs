@@ -1,0 +1,211 @@
+//! The backend's side: a scan asks the worker for its first round through a
+//! query slot, sleeps on its latch until the answer or gpu_graph.gpu_timeout,
+//! and checks every node of the answer against the index's pages.
+//!
+//! The check: each node is re-read under its buffer lock before the scan
+//! hands it out, its TID from the pages with the exact distance of the
+//! vector stored there (the CPU search's metric functions), free and deleted
+//! nodes dropped. So an answer never pairs one row's TID with another row's
+//! distance (a node slot that VACUUM freed and an insert reused), and a row
+//! VACUUM marked deleted after the copy (marking does not bump the
+//! generation) is never returned.
+//!
+//! Rows inserted since the copy are not in it: the worker answers only from
+//! a copy at least as new as the meta page the scan read (its generation);
+//! otherwise it answers "stale", starts a new copy, and the scan searches on
+//! the CPU. Merging the copy's answer with a CPU search of the newer nodes
+//! instead would need to know which node ids were allocated since the copy,
+//! and the index does not record that (VACUUM's free slots are reused in
+//! place, anywhere in the id range).
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use gpu_graph_engine::search::Hit;
+use gpu_graph_engine::store::GraphView;
+use pgrx::pg_sys;
+
+use super::ring::{Slot, Status, MAX_HITS};
+use super::shmem::{shared, Shared};
+use super::stats::{add, counters, fallback, Fallback};
+use super::set_latch;
+use crate::gucs::{SearchDevice, GPU_TIMEOUT, INJECT_FAULT, SEARCH_DEVICE, WORKER_DELAY};
+use crate::storage::meta::Meta;
+use crate::storage::page_store::PageStore;
+use crate::types::array::MAX_DIM;
+
+/// The worker's first round of a scan.
+pub struct Answer {
+    /// the live nodes of the answer, in increasing exact distance
+    pub hits: Vec<Hit>,
+    /// every node of the answer: a CPU search that continues the scan
+    /// expands them and never returns them again
+    pub handed: Vec<u32>,
+}
+
+/// The first round of a scan from the search worker, or None when the scan
+/// is to search on the CPU (counted, with the reason when it wanted the worker).
+///
+/// # Safety
+/// `index` must be the open index `store` reads.
+pub unsafe fn first_round(index: pg_sys::Relation, meta: &Meta, store: &PageStore, query: &[f32], ef: usize) -> Option<Answer> {
+    let wanted = match SEARCH_DEVICE.get() {
+        SearchDevice::Cpu => false,
+        SearchDevice::Gpu => true,
+        SearchDevice::Auto => shared().is_some_and(|s| s.configured),
+    };
+    if !wanted {
+        add(&counters().scans_cpu, 1);
+        return None;
+    }
+    match ask(index, meta, query, ef) {
+        Ok(nodes) => {
+            add(&counters().scans_worker, 1);
+            Some(verify(store, meta, query, nodes))
+        }
+        Err(reason) => {
+            fallback(reason);
+            None
+        }
+    }
+}
+
+/// The slot this backend holds, for the exit callback (a FATAL error or
+/// pg_terminate_backend ends the process without unwinding).
+static HELD_SLOT: AtomicUsize = AtomicUsize::new(usize::MAX);
+static HELD_SEQ: AtomicU64 = AtomicU64::new(0);
+static EXIT_CALLBACK: std::sync::Once = std::sync::Once::new();
+
+/// A claimed slot; dropping it lets go of the slot in whatever state it is
+/// (also when an ERROR unwinds through the wait).
+struct Claim {
+    slot: &'static Slot,
+    seq: u64,
+}
+
+impl Claim {
+    fn new(shared: &'static Shared) -> Option<Claim> {
+        let slots = shared.slots();
+        // each backend starts at its own place, so claims rarely collide
+        let start = unsafe { (*pg_sys::MyProc).pgprocno } as usize % slots.len();
+        (0..slots.len()).map(|j| (start + j) % slots.len()).find_map(|i| {
+            let seq = slots[i].claim()?;
+            EXIT_CALLBACK.call_once(|| unsafe { pg_sys::before_shmem_exit(Some(let_go_at_exit), pg_sys::Datum::from(0)) });
+            HELD_SEQ.store(seq, Ordering::Relaxed);
+            HELD_SLOT.store(i, Ordering::Relaxed);
+            Some(Claim { slot: &slots[i], seq })
+        })
+    }
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        self.slot.abandon(self.seq);
+        HELD_SLOT.store(usize::MAX, Ordering::Relaxed);
+    }
+}
+
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn let_go_at_exit(_code: i32, _arg: pg_sys::Datum) {
+    let i = HELD_SLOT.load(Ordering::Relaxed);
+    if let (Some(s), true) = (shared(), i != usize::MAX) {
+        s.slots()[i].abandon(HELD_SEQ.load(Ordering::Relaxed));
+    }
+}
+
+/// Submits the query and waits; the answer's node ids.
+unsafe fn ask(index: pg_sys::Relation, meta: &Meta, query: &[f32], ef: usize) -> Result<Vec<u32>, Fallback> {
+    let shared = shared().ok_or(Fallback::Absent)?;
+    shared.worker().ok_or(Fallback::Absent)?;
+    let rel = &*index;
+    // a temporary index lives in this backend's local buffers
+    if (*rel.rd_rel).relpersistence as u8 == pg_sys::RELPERSISTENCE_TEMP || query.len() > MAX_DIM {
+        return Err(Fallback::Unfit);
+    }
+    let claim = Claim::new(shared).ok_or(Fallback::Busy)?;
+    let starts = shared.worker_starts.load(Ordering::Acquire);
+    let submitted_at = pg_sys::GetCurrentTimestamp();
+    {
+        let r = claim.slot.request_mut();
+        r.procno = (*pg_sys::MyProc).pgprocno;
+        r.db = pg_sys::MyDatabaseId.to_u32();
+        r.index = rel.rd_id.to_u32();
+        r.spc_node = rel.rd_node.spcNode.to_u32();
+        r.db_node = rel.rd_node.dbNode.to_u32();
+        r.rel_node = rel.rd_node.relNode.to_u32();
+        r.permanent = (*rel.rd_rel).relpersistence as u8 == pg_sys::RELPERSISTENCE_PERMANENT;
+        r.fault = INJECT_FAULT.get();
+        r.generation = meta.generation;
+        r.ef = ef.min(MAX_HITS) as u32;
+        r.k = r.ef;
+        r.delay_ms = WORKER_DELAY.get() as u32;
+        r.dim = query.len() as u32;
+        r.submitted_at = submitted_at;
+        r.query[..query.len()].copy_from_slice(query);
+    }
+    claim.slot.submit(claim.seq);
+    set_latch(shared.worker_procno.load(Ordering::Acquire));
+    wait(shared, &claim, starts)?;
+    let reply = claim.slot.reply();
+    match reply.status {
+        Status::Ok => {
+            add(&counters().roundtrip_us, (pg_sys::GetCurrentTimestamp() - submitted_at).max(0) as u64);
+            Ok(reply.nodes[..reply.n as usize].to_vec())
+        }
+        Status::Stale => Err(Fallback::Stale),
+        Status::Busy => Err(Fallback::Busy),
+        Status::Unfit => Err(Fallback::Unfit),
+        Status::Error => Err(Fallback::Error),
+    }
+}
+
+/// Sleeps on the latch until the slot is answered, the timeout passes or the
+/// worker is gone. Interrupts are served while waiting: a cancel raises its
+/// ERROR here and the claim lets go of the slot as the ERROR unwinds.
+unsafe fn wait(shared: &Shared, claim: &Claim, starts: u64) -> Result<(), Fallback> {
+    let timeout = Duration::from_millis(GPU_TIMEOUT.get() as u64);
+    let t0 = Instant::now();
+    loop {
+        if claim.slot.state() == (claim.seq, super::ring::State::Done) {
+            return Ok(());
+        }
+        // a worker that exits wakes its waiters; one that restarted will not
+        // answer what the old one took
+        if shared.worker().is_none() || shared.worker_starts.load(Ordering::Acquire) != starts {
+            return Err(Fallback::Absent);
+        }
+        let left = timeout.saturating_sub(t0.elapsed());
+        if left.is_zero() {
+            return Err(Fallback::Timeout);
+        }
+        // look again at least every 100 ms whatever wakes us
+        let ms = left.min(Duration::from_millis(100)).as_micros().div_ceil(1000) as i64;
+        pg_sys::WaitLatch(
+            pg_sys::MyLatch,
+            (pg_sys::WL_LATCH_SET | pg_sys::WL_TIMEOUT | pg_sys::WL_EXIT_ON_PM_DEATH) as i32,
+            ms,
+            pg_sys::PG_WAIT_EXTENSION,
+        );
+        pg_sys::ResetLatch(pg_sys::MyLatch);
+        pg_sys::check_for_interrupts!();
+    }
+}
+
+/// Re-reads each node of the answer under its buffer lock: free and deleted
+/// nodes are dropped, the rest get their TID and exact distance from the
+/// pages, nearest first. Nodes allocated after the scan read the meta page
+/// (a copy can be newer) hold rows its snapshot cannot see: dropped too.
+fn verify(store: &PageStore, meta: &Meta, query: &[f32], nodes: Vec<u32>) -> Answer {
+    let metric = meta.metric();
+    let q = metric.prepare_query(query);
+    let mut hits: Vec<Hit> = nodes
+        .iter()
+        .filter(|&&node| node < meta.node_count)
+        .filter_map(|&node| {
+            let v = store.visit(node, |x| metric.search_distance(&q, x))?;
+            (!v.deleted).then_some(Hit { dist: v.dist, node, payload: v.payload })
+        })
+        .collect();
+    hits.sort_by(|a, b| a.dist.total_cmp(&b.dist).then(a.node.cmp(&b.node)));
+    Answer { hits, handed: nodes }
+}

@@ -1,0 +1,138 @@
+//! What the worker searches with: the GPU's persistent kernel, or in the
+//! test mode (gpu_graph.worker_device = cpu) the engine's CPU search over the
+//! worker's own copy, so machines without a GPU run the real protocol.
+
+use gpu_graph_engine::search::search;
+
+use super::gpu::{GpuPending, GpuResident, GpuSearch};
+use super::image::Image;
+use super::shmem::{DEVICE_CPU, DEVICE_GPU};
+use crate::gucs::WorkerDevice;
+
+/// (search distance, node), nearest first.
+pub type Hits = Vec<(f32, u32)>;
+
+pub enum Failure {
+    /// every GPU query slot is in use
+    Busy,
+    /// beyond what the device takes (too large, k or ef too large)
+    Unfit(String),
+    Error(String),
+    /// the device is unusable: the worker must exit (and be restarted)
+    Fatal(String),
+}
+
+pub enum Device {
+    Cpu,
+    Gpu(Box<GpuSearch>),
+}
+
+/// A resident copy on its device.
+pub enum Handle {
+    Cpu(Image),
+    Gpu(GpuResident),
+    /// an index without an entry point (nothing live): every answer is empty
+    Empty,
+}
+
+pub enum Start {
+    Done(Hits),
+    Pending(GpuPending),
+}
+
+impl Device {
+    pub fn open(kind: WorkerDevice) -> Result<Device, String> {
+        match kind {
+            WorkerDevice::Cpu => Ok(Device::Cpu),
+            WorkerDevice::Gpu => GpuSearch::open().map(|g| Device::Gpu(Box::new(g))),
+        }
+    }
+
+    pub fn code(&self) -> u32 {
+        match self {
+            Device::Cpu => DEVICE_CPU,
+            Device::Gpu(_) => DEVICE_GPU,
+        }
+    }
+
+    pub fn describe(&self) -> String {
+        match self {
+            Device::Cpu => "the CPU (gpu_graph.worker_device = cpu, a test mode)".into(),
+            Device::Gpu(g) => g.describe(),
+        }
+    }
+
+    /// Bytes of copies kept when gpu_graph.gpu_memory_limit is 0 (0 = no limit).
+    pub fn auto_limit(&self) -> usize {
+        match self {
+            Device::Cpu => 0,
+            Device::Gpu(g) => g.auto_limit(),
+        }
+    }
+
+    /// Makes a copy resident; returns it and the bytes it occupies.
+    pub fn install(&self, image: Image) -> Result<(Handle, usize), Failure> {
+        if image.entry.is_none() {
+            return Ok((Handle::Empty, 0));
+        }
+        match self {
+            Device::Cpu => {
+                let bytes = Image::bytes_for(image.len(), image.stored_dim, image.degree);
+                Ok((Handle::Cpu(image), bytes))
+            }
+            Device::Gpu(g) => g.load(&image).map(|(r, bytes)| (Handle::Gpu(r), bytes)),
+        }
+    }
+
+    pub fn remove(&self, h: Handle) {
+        if let (Device::Gpu(g), Handle::Gpu(r)) = (self, h) {
+            g.unload(r);
+        }
+    }
+
+    /// Starts a search for the `k` nearest with beam `ef` (`query` as the user gave it).
+    pub fn start(&self, h: &Handle, query: &[f32], k: usize, ef: usize) -> Result<Start, Failure> {
+        match (self, h) {
+            (_, Handle::Empty) => Ok(Start::Done(Vec::new())),
+            (_, Handle::Cpu(image)) => {
+                let hits = search(image, image.metric, query, k, ef);
+                Ok(Start::Done(hits.iter().map(|h| (h.dist, h.node)).collect()))
+            }
+            (Device::Gpu(g), Handle::Gpu(r)) => g.submit(r, query, k, ef).map(Start::Pending),
+            (Device::Cpu, Handle::Gpu(_)) => unreachable!("a GPU copy without a GPU"),
+        }
+    }
+
+    /// The answer of a started search, when it is there.
+    pub fn poll(&self, p: &mut GpuPending) -> Result<Option<Hits>, Failure> {
+        match self {
+            Device::Gpu(g) => g.poll(p),
+            Device::Cpu => unreachable!("the CPU answers at once"),
+        }
+    }
+
+    /// gpu_graph.inject_fault: makes the worker fail as a device fault would.
+    pub fn inject_fault(&self) -> Result<(), Failure> {
+        match self {
+            Device::Gpu(g) => g.inject_fault(),
+            Device::Cpu => pgrx::error!("gpu_graph: search worker fault injected (gpu_graph.inject_fault)"),
+        }
+    }
+
+    /// Err(why) when the device can serve no more.
+    pub fn check(&self) -> Result<(), String> {
+        match self {
+            Device::Gpu(g) => match g.health() {
+                Err(Failure::Fatal(why)) => Err(why),
+                _ => Ok(()),
+            },
+            Device::Cpu => Ok(()),
+        }
+    }
+
+    pub fn shutdown(&self) {
+        if let Device::Gpu(g) = self {
+            g.shutdown();
+        }
+    }
+}

@@ -1,0 +1,352 @@
+//! The worker's copy of an index: stored vectors, neighbour lists and flags
+//! in flat arrays, read from the index's pages without a database connection.
+//!
+//! Why not through a database connection (the worker is connected to none):
+//! a background worker can connect to one database for its whole life, and
+//! one worker serves every database. The buffer manager needs only the
+//! RelFileNode (ReadBufferWithoutRelcache, as WAL replay reads pages). What
+//! opening the relation would have given, the loader does itself: session
+//! AccessShareLocks, taken without waiting, on the index (database OID +
+//! index OID) and on its database, so neither DROP INDEX, REINDEX, TRUNCATE
+//! nor DROP DATABASE can remove the file while it is read (nor leave pages
+//! of a dropped relation in shared buffers); a relation already gone shows
+//! as a missing or empty file and the load is skipped.
+//!
+//! A copy is read a few hundred pages per step between the worker's other
+//! work, so queries on other (resident) indexes keep being answered while a
+//! large index loads. Its generation is the meta page's at the start: pages
+//! changed during the load make the copy newer than that, never older, and
+//! every node a backend gets from it is checked against the pages anyway.
+
+use std::time::Instant;
+
+use gpu_graph_engine::metric::Metric;
+use gpu_graph_engine::store::{GraphView, Visit};
+use gpu_graph_engine::NO_NODE;
+use pgrx::pg_sys;
+
+use super::ring::Request;
+use crate::storage::layout::{Layout, FLAG_DELETED, FLAG_FREE, PAGE_HEADER, VECTOR_HEADER};
+use crate::storage::meta::{Meta, FORMAT_VERSION, MAGIC};
+use crate::storage::page_store::VectorHeader;
+
+/// Traversed, never a result (bit 0: the GPU server's FLAG_DELETED).
+pub const IMG_DELETED: u8 = 1;
+/// No node here: not even traversed.
+pub const IMG_FREE: u8 = 2;
+
+/// Which index: its RelFileNode (tablespace, database, relation).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Key {
+    pub spc: u32,
+    pub db: u32,
+    pub rel: u32,
+}
+
+impl Key {
+    pub fn of(req: &Request) -> Key {
+        Key { spc: req.spc_node, db: req.db_node, rel: req.rel_node }
+    }
+
+    fn rnode(&self) -> pg_sys::RelFileNode {
+        pg_sys::RelFileNode {
+            spcNode: pg_sys::Oid::from(self.spc),
+            dbNode: pg_sys::Oid::from(self.db),
+            relNode: pg_sys::Oid::from(self.rel),
+        }
+    }
+
+    /// Whether the index still has pages under this RelFileNode (DROP INDEX,
+    /// REINDEX and TRUNCATE leave the old file empty until the next
+    /// checkpoint, then remove it).
+    ///
+    /// # Safety
+    /// The worker's main thread.
+    pub unsafe fn exists(&self) -> bool {
+        let rnode = self.rnode();
+        let smgr = pg_sys::smgropen(rnode, pg_sys::InvalidBackendId);
+        let alive = pg_sys::smgrexists(smgr, pg_sys::ForkNumber::MAIN_FORKNUM)
+            && pg_sys::smgrnblocks(smgr, pg_sys::ForkNumber::MAIN_FORKNUM) > 0;
+        close_files(rnode);
+        alive
+    }
+}
+
+/// No file handle outlives its use: a dropped index's relfilenode may be
+/// reused once its file is gone.
+unsafe fn close_files(rnode: pg_sys::RelFileNode) {
+    pg_sys::smgrclosenode(pg_sys::RelFileNodeBackend { node: rnode, backend: pg_sys::InvalidBackendId });
+}
+
+pub struct Image {
+    pub metric: Metric,
+    pub stored_dim: usize,
+    pub degree: usize,
+    pub entry: Option<u32>,
+    /// n × stored_dim
+    pub vectors: Vec<f32>,
+    /// n × degree, NO_NODE padded
+    pub adjacency: Vec<u32>,
+    /// per node: [`IMG_DELETED`], [`IMG_DELETED`] | [`IMG_FREE`] or 0
+    pub flags: Vec<u8>,
+}
+
+impl Image {
+    pub fn len(&self) -> usize {
+        self.flags.len()
+    }
+
+    /// Host bytes of a copy of `n` nodes.
+    pub fn bytes_for(n: usize, stored_dim: usize, degree: usize) -> usize {
+        n * (4 * stored_dim + 4 * degree + 1)
+    }
+}
+
+/// The engine's search runs on a copy as on the pages (CPU test mode).
+impl GraphView for Image {
+    fn stored_dim(&self) -> usize {
+        self.stored_dim
+    }
+    fn degree(&self) -> usize {
+        self.degree
+    }
+    fn node_count(&self) -> u32 {
+        self.len() as u32
+    }
+    fn entry(&self) -> Option<u32> {
+        self.entry
+    }
+    fn visit<F: FnOnce(&[f32]) -> f32>(&self, node: u32, dist: F) -> Option<Visit> {
+        let i = node as usize;
+        let f = *self.flags.get(i)?;
+        if f & IMG_FREE != 0 {
+            return None;
+        }
+        let v = &self.vectors[i * self.stored_dim..(i + 1) * self.stored_dim];
+        Some(Visit { dist: dist(v), payload: node as u64, deleted: f & IMG_DELETED != 0 })
+    }
+    fn neighbors(&self, node: u32, out: &mut Vec<u32>) {
+        out.clear();
+        let s = node as usize * self.degree;
+        if let Some(list) = self.adjacency.get(s..s + self.degree) {
+            out.extend(list.iter().copied().take_while(|&n| n != NO_NODE));
+        }
+    }
+}
+
+fn zeroed<T: Clone>(n: usize, value: T) -> Option<Vec<T>> {
+    // an allocation failure must not abort the process (PostgreSQL would
+    // restart every backend): it makes the index unfit instead
+    let mut v = Vec::new();
+    v.try_reserve_exact(n).ok()?;
+    v.resize(n, value);
+    Some(v)
+}
+
+/// A session lock taken without waiting, released on drop.
+struct SessionLock(pg_sys::LOCKTAG);
+
+impl SessionLock {
+    unsafe fn take(field1: u32, field2: u32, field3: u32, kind: pg_sys::LockTagType::Type) -> Option<SessionLock> {
+        let tag = pg_sys::LOCKTAG {
+            locktag_field1: field1,
+            locktag_field2: field2,
+            locktag_field3: field3,
+            locktag_field4: 0,
+            locktag_type: kind as u8,
+            locktag_lockmethodid: pg_sys::DEFAULT_LOCKMETHOD as u8,
+        };
+        let got = pg_sys::LockAcquire(&tag, pg_sys::AccessShareLock as i32, true, true);
+        (got != pg_sys::LockAcquireResult::LOCKACQUIRE_NOT_AVAIL).then_some(SessionLock(tag))
+    }
+}
+
+impl Drop for SessionLock {
+    fn drop(&mut self) {
+        // after an ERROR the worker exits; its exit callback releases every lock
+        if !std::thread::panicking() {
+            unsafe { pg_sys::LockRelease(&self.0, pg_sys::AccessShareLock as i32, true) };
+        }
+    }
+}
+
+/// A copy being read.
+pub struct Loader {
+    pub key: Key,
+    pub generation: u64,
+    pub started: Instant,
+    /// the index's lock, then its database's (dropped in this order)
+    _locks: (SessionLock, SessionLock),
+    rnode: pg_sys::RelFileNode,
+    permanent: bool,
+    strategy: pg_sys::BufferAccessStrategy,
+    layout: Layout,
+    /// next block to read, last block to read
+    next: u32,
+    last: u32,
+    image: Option<Image>,
+}
+
+pub enum Begin {
+    Started(Box<Loader>),
+    /// locked by someone else, or gone: try again on a later request
+    NotNow,
+    /// more bytes than `limit` (or than could be allocated)
+    TooLarge { generation: u64, bytes: usize },
+}
+
+impl Loader {
+    /// Locks the index, reads its meta page and allocates a copy of at most
+    /// `limit` bytes (0 = any size).
+    ///
+    /// # Safety
+    /// The worker's main thread, with a resource owner.
+    pub unsafe fn begin(req: &Request, limit: usize) -> Begin {
+        // SET_LOCKTAG_OBJECT(InvalidOid, DatabaseRelationId, db, 0), as a
+        // backend connected to the database holds one
+        let Some(db) = SessionLock::take(0, pg_sys::DatabaseRelationId.to_u32(), req.db, pg_sys::LockTagType::LOCKTAG_OBJECT)
+        else {
+            return Begin::NotNow;
+        };
+        // SET_LOCKTAG_RELATION(db, index)
+        let Some(index) = SessionLock::take(req.db, req.index, 0, pg_sys::LockTagType::LOCKTAG_RELATION) else {
+            return Begin::NotNow;
+        };
+        let rnode = Key::of(req).rnode();
+        let mut l = Loader {
+            key: Key::of(req),
+            generation: 0,
+            started: Instant::now(),
+            _locks: (index, db),
+            rnode,
+            permanent: req.permanent,
+            strategy: pg_sys::GetAccessStrategy(pg_sys::BufferAccessStrategyType::BAS_BULKREAD),
+            layout: Layout::new(8, 1),
+            next: 1,
+            last: 0,
+            image: None,
+        };
+        let smgr = pg_sys::smgropen(rnode, pg_sys::InvalidBackendId);
+        if !pg_sys::smgrexists(smgr, pg_sys::ForkNumber::MAIN_FORKNUM) {
+            return Begin::NotNow;
+        }
+        let blocks = pg_sys::smgrnblocks(smgr, pg_sys::ForkNumber::MAIN_FORKNUM);
+        if blocks == 0 {
+            return Begin::NotNow; // dropped: the file is kept empty until the next checkpoint
+        }
+        let mut m: Meta = std::mem::zeroed();
+        l.read_block(0, |p| m = std::ptr::read_unaligned(p as *const Meta));
+        if m.magic != MAGIC || m.version != FORMAT_VERSION || Metric::from_code(m.metric).is_none() {
+            return Begin::NotNow;
+        }
+        l.generation = m.generation;
+        let n = if m.dim == 0 { 0 } else { m.node_count as usize };
+        l.layout = m.layout();
+        let (sd, degree) = (l.layout.stored_dim, l.layout.degree);
+        if n > 0 {
+            l.last = l.layout.vector_block(n as u32 - 1);
+            if l.last >= blocks {
+                return Begin::NotNow;
+            }
+        }
+        let bytes = Image::bytes_for(n, sd, degree);
+        if limit > 0 && bytes > limit {
+            return Begin::TooLarge { generation: m.generation, bytes };
+        }
+        let (Some(vectors), Some(adjacency), Some(flags)) =
+            (zeroed(n * sd, 0f32), zeroed(n * degree, NO_NODE), zeroed(n, IMG_DELETED | IMG_FREE))
+        else {
+            return Begin::TooLarge { generation: m.generation, bytes };
+        };
+        l.image = Some(Image {
+            metric: m.metric(),
+            stored_dim: sd,
+            degree,
+            entry: m.entry(),
+            vectors,
+            adjacency,
+            flags,
+        });
+        Begin::Started(Box::new(l))
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.image.as_ref().map_or(0, |i| Image::bytes_for(i.len(), i.stored_dim, i.degree))
+    }
+
+    unsafe fn read_block(&self, block: u32, f: impl FnOnce(*const u8)) {
+        let buf = pg_sys::ReadBufferWithoutRelcache(
+            self.rnode,
+            pg_sys::ForkNumber::MAIN_FORKNUM,
+            block,
+            pg_sys::ReadBufferMode::RBM_NORMAL,
+            self.strategy,
+            self.permanent,
+        );
+        pg_sys::LockBuffer(buf, pg_sys::BUFFER_LOCK_SHARE as i32);
+        f((pg_sys::BufferGetPage(buf) as *const u8).add(PAGE_HEADER));
+        pg_sys::UnlockReleaseBuffer(buf);
+    }
+
+    /// Reads up to `budget` more pages; true when the copy is complete.
+    ///
+    /// # Safety
+    /// As for [`Loader::begin`].
+    pub unsafe fn step(&mut self, budget: u32) -> bool {
+        let mut image = self.image.take().expect("a started load has an image");
+        let n = image.len();
+        let l = self.layout;
+        let end = self.last.min(self.next.saturating_add(budget - 1));
+        while n > 0 && self.next <= end {
+            let b = self.next;
+            let chunk = (b as usize - 1) / l.pages_per_chunk;
+            let page = (b as usize - 1) % l.pages_per_chunk;
+            let first = chunk * l.per_chunk;
+            let chunk_end = (first + l.per_chunk).min(n);
+            self.read_block(b, |p| {
+                if page == 0 {
+                    for node in first..chunk_end {
+                        let list = p.add(l.graph_offset(node as u32)) as *const u32;
+                        let out = &mut image.adjacency[node * l.degree..(node + 1) * l.degree];
+                        std::ptr::copy_nonoverlapping(list, out.as_mut_ptr(), l.degree);
+                    }
+                } else {
+                    let lo = first + (page - 1) * l.per_vector_page;
+                    for node in lo..(lo + l.per_vector_page).min(chunk_end) {
+                        let t = p.add(l.vector_offset(node as u32));
+                        let h = std::ptr::read_unaligned(t as *const VectorHeader);
+                        image.flags[node] = if h.flags & FLAG_FREE != 0 {
+                            IMG_DELETED | IMG_FREE
+                        } else if h.flags & FLAG_DELETED != 0 {
+                            IMG_DELETED
+                        } else {
+                            0
+                        };
+                        let out = &mut image.vectors[node * l.stored_dim..(node + 1) * l.stored_dim];
+                        std::ptr::copy_nonoverlapping(t.add(VECTOR_HEADER) as *const f32, out.as_mut_ptr(), l.stored_dim);
+                    }
+                }
+            });
+            self.next += 1;
+        }
+        self.image = Some(image);
+        n == 0 || self.next > self.last
+    }
+
+    /// The finished copy (the lock is released when the loader drops).
+    pub fn take(mut self) -> Image {
+        self.image.take().expect("a started load has an image")
+    }
+}
+
+impl Drop for Loader {
+    fn drop(&mut self) {
+        // after an ERROR the worker exits, which frees all of this
+        if !std::thread::panicking() {
+            unsafe {
+                close_files(self.rnode);
+                pg_sys::FreeAccessStrategy(self.strategy);
+            }
+        }
+    }
+}

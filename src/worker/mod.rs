@@ -1,0 +1,58 @@
+//! The GPU search worker: one background worker that owns the CUDA context
+//! and answers the first search round of every backend's index scans from
+//! copies of the indexes in GPU memory (or, in the test mode
+//! gpu_graph.worker_device = cpu, with the engine's CPU search over copies in
+//! its own memory), through a ring of query slots in shared memory.
+//!
+//! - [`shmem`]: the shared memory (header, counters, slots) and its hooks
+//! - [`ring`]: a query slot's layout and state machine
+//! - [`client`]: the backend's side (submit, wait on the latch, verify)
+//! - [`bgworker`]: the worker process (registration, main loop, exits)
+//! - [`residency`], [`image`]: the index copies and reading them from pages
+//! - [`device`], [`gpu`]: what the worker searches with
+//! - [`stats`]: counters, gpu_graph_worker_stats()
+//!
+//! The worker is an accelerator, never a dependency: whenever it is absent,
+//! busy, slow, has no current copy, or fails, the scan searches on the CPU
+//! as it would without it.
+
+mod bgworker;
+mod client;
+mod device;
+mod gpu;
+mod image;
+mod residency;
+mod ring;
+mod shmem;
+mod stats;
+
+use pgrx::pg_sys;
+
+pub use client::first_round;
+pub use stats::index_info;
+
+/// A scan the worker answered first goes on searching on the CPU.
+pub fn cpu_after_worker() {
+    stats::add(&stats::counters().cpu_after_worker, 1);
+}
+
+/// From _PG_init while shared_preload_libraries loads: shared memory, and
+/// the worker when it is wanted.
+pub fn preload() {
+    let registered = bgworker::wanted();
+    if registered {
+        bgworker::register();
+    }
+    shmem::install(registered);
+}
+
+/// Wakes the process with this PGPROC number (a stale number wakes some
+/// other process once, which latches allow).
+fn set_latch(procno: i32) {
+    unsafe {
+        let global = pg_sys::ProcGlobal;
+        if procno >= 0 && (procno as u32) < (*global).allProcCount {
+            pg_sys::SetLatch(&raw mut (*(*global).allProcs.add(procno as usize)).procLatch);
+        }
+    }
+}

@@ -1,0 +1,191 @@
+//! Which index copies the worker holds: made on first use, keyed by
+//! RelFileNode and the meta page's generation, refreshed when a request
+//! names a newer generation, and evicted least recently used first to stay
+//! under gpu_graph.gpu_memory_limit. One copy is made at a time.
+
+use pgrx::pg_sys;
+
+use super::device::{Device, Failure, Handle};
+use super::image::{Begin, Key, Loader};
+use super::ring::Request;
+use super::shmem::Shared;
+use super::stats::{add, ResidentEntry};
+
+/// Pages read per step of a load (about 2 MB, well under a millisecond):
+/// requests wait at most that long behind a load.
+const PAGES_PER_STEP: u32 = 256;
+
+pub struct Resident {
+    key: Key,
+    generation: u64,
+    pub handle: Handle,
+    nodes: u32,
+    bytes: usize,
+    loaded_at: i64,
+    used: u64,
+}
+
+pub enum Lookup<'a> {
+    Ready(&'a Resident),
+    /// no copy at (or after) the asked generation
+    Stale,
+    /// this generation of the index does not fit
+    Unfit,
+}
+
+#[derive(Default)]
+pub struct Residency {
+    residents: Vec<Resident>,
+    loading: Option<Box<Loader>>,
+    /// generations that did not fit: not tried again until the index changes
+    unfit: Vec<(Key, u64)>,
+    clock: u64,
+}
+
+impl Residency {
+    pub fn lookup(&mut self, key: Key, generation: u64) -> Lookup<'_> {
+        self.clock += 1;
+        if self.unfit.iter().any(|&(k, g)| k == key && g >= generation) {
+            return Lookup::Unfit;
+        }
+        match self.residents.iter_mut().find(|r| r.key == key) {
+            // a copy newer than the backend's view is as good: every node is
+            // checked against the pages, and rows the backend cannot see are
+            // filtered by the executor's visibility check
+            Some(r) if r.generation >= generation => {
+                r.used = self.clock;
+                Lookup::Ready(r)
+            }
+            _ => Lookup::Stale,
+        }
+    }
+
+    /// Starts copying the index `req` names, unless a copy is under way.
+    ///
+    /// # Safety
+    /// The worker's main thread.
+    pub unsafe fn want(&mut self, req: &Request, device: &Device, limit: usize, shared: &Shared) {
+        if self.loading.is_some() {
+            return;
+        }
+        let key = Key::of(req);
+        let l = match Loader::begin(req, limit) {
+            Begin::Started(l) => l,
+            Begin::NotNow => return,
+            Begin::TooLarge { generation, bytes } => {
+                self.mark_unfit(key, generation, &format!("it needs {} MB, more than gpu_graph.gpu_memory_limit or memory allow", bytes >> 20));
+                return;
+            }
+        };
+        let bytes = l.bytes();
+        // the old copy of this index goes now: it cannot answer the newer
+        // requests, and its memory is wanted for the new one
+        if let Some(i) = self.residents.iter().position(|r| r.key == l.key) {
+            device.remove(self.residents.swap_remove(i).handle);
+        }
+        self.make_room(bytes, limit, device, shared);
+        self.publish(shared);
+        self.loading = Some(l);
+    }
+
+    /// Evicts least recently used copies until `bytes` more fit.
+    fn make_room(&mut self, bytes: usize, limit: usize, device: &Device, shared: &Shared) {
+        if limit == 0 {
+            return;
+        }
+        while self.residents.iter().map(|r| r.bytes).sum::<usize>() + bytes > limit {
+            let Some(i) = self.residents.iter().enumerate().min_by_key(|(_, r)| r.used).map(|(i, _)| i) else { break };
+            device.remove(self.residents.swap_remove(i).handle);
+            add(&shared.counters.evictions, 1);
+        }
+    }
+
+    /// One step of the load under way; true while one is.
+    ///
+    /// # Safety
+    /// The worker's main thread.
+    pub unsafe fn step(&mut self, device: &Device, limit: usize, shared: &Shared) -> Result<bool, String> {
+        let Some(l) = self.loading.as_mut() else { return Ok(false) };
+        if !l.step(PAGES_PER_STEP) {
+            return Ok(true);
+        }
+        let l = self.loading.take().unwrap();
+        let (key, generation, started) = (l.key, l.generation, l.started);
+        let image = l.take();
+        let nodes = image.len() as u32;
+        match device.install(image) {
+            Ok((handle, bytes)) => {
+                // the device may hold it smaller (fp16) or larger than planned
+                self.make_room(bytes, limit, device, shared);
+                self.clock += 1;
+                let loaded_at = pg_sys::GetCurrentTimestamp();
+                self.residents.push(Resident { key, generation, handle, nodes, bytes, loaded_at, used: self.clock });
+                self.unfit.retain(|&(k, _)| k != key);
+                add(&shared.counters.loads, 1);
+                add(&shared.counters.load_us, started.elapsed().as_micros() as u64);
+                self.publish(shared);
+            }
+            Err(Failure::Fatal(why)) => return Err(why),
+            Err(Failure::Unfit(why) | Failure::Error(why)) => self.mark_unfit(key, generation, &why),
+            Err(Failure::Busy) => {} // not from an upload; tried again on the next request
+        }
+        Ok(false)
+    }
+
+    /// Remembers that this generation of the index is not to be copied; says
+    /// so in the log the first time.
+    fn mark_unfit(&mut self, key: Key, generation: u64, why: &str) {
+        if !self.unfit.iter().any(|&(k, _)| k == key) {
+            pgrx::log!("gpu_graph search worker: scans of the index with relfilenode {} stay on the CPU: {why}", key.rel);
+        }
+        self.unfit.retain(|&(k, _)| k != key);
+        self.unfit.push((key, generation));
+    }
+
+    fn publish(&self, shared: &Shared) {
+        let list: Vec<ResidentEntry> = self
+            .residents
+            .iter()
+            .map(|r| ResidentEntry {
+                spc_node: r.key.spc,
+                db_node: r.key.db,
+                rel_node: r.key.rel,
+                nodes: r.nodes,
+                generation: r.generation,
+                bytes: r.bytes as u64,
+                loaded_at: r.loaded_at,
+            })
+            .collect();
+        shared.residents.publish(&list);
+    }
+
+    /// Drops the copies of indexes that are gone (LRU eviction would take
+    /// them only under memory pressure).
+    ///
+    /// # Safety
+    /// The worker's main thread.
+    pub unsafe fn forget_dropped(&mut self, device: &Device, shared: &Shared) {
+        let before = self.residents.len();
+        let mut i = 0;
+        while i < self.residents.len() {
+            if self.residents[i].key.exists() {
+                i += 1;
+            } else {
+                device.remove(self.residents.swap_remove(i).handle);
+            }
+        }
+        self.unfit.retain(|(k, _)| k.exists());
+        if self.residents.len() != before {
+            self.publish(shared);
+        }
+    }
+
+    /// Drops every copy (the worker is stopping).
+    pub fn clear(&mut self, device: &Device, shared: &Shared) {
+        self.loading = None;
+        for r in self.residents.drain(..) {
+            device.remove(r.handle);
+        }
+        self.publish(shared);
+    }
+}

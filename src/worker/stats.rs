@@ -1,0 +1,257 @@
+//! What the worker and the scans count, and the SQL that shows it:
+//! gpu_graph_worker_stats() and the "search" object of gpu_graph_info().
+//!
+//! The counters live in shared memory when gpu_graph is preloaded (one set
+//! for the cluster); otherwise each backend counts its own scans.
+
+use std::cell::UnsafeCell;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+
+use pgrx::prelude::*;
+use pgrx::{pg_sys, JsonB};
+use serde_json::{json, Value};
+
+use super::ring::State;
+use super::shmem::{shared, DEVICE_CPU, DEVICE_GPU};
+
+/// Why a scan that wanted the worker searched on the CPU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fallback {
+    /// no worker serving (not started, restarting, or gone while we waited)
+    Absent,
+    /// no free query slot (in the ring, or on the GPU)
+    Busy,
+    /// no answer within gpu_graph.gpu_timeout
+    Timeout,
+    /// the worker has no copy of the index at the scan's generation yet
+    Stale,
+    /// the query or the index is beyond the worker's limits
+    Unfit,
+    Error,
+}
+
+const FALLBACKS: [(Fallback, &str); 6] = [
+    (Fallback::Absent, "absent"),
+    (Fallback::Busy, "busy"),
+    (Fallback::Timeout, "timeout"),
+    (Fallback::Stale, "stale"),
+    (Fallback::Unfit, "unfit"),
+    (Fallback::Error, "error"),
+];
+
+#[repr(C)]
+pub struct Counters {
+    /// scans whose first round the worker answered
+    pub scans_worker: AtomicU64,
+    /// scans searched on the CPU from the start
+    pub scans_cpu: AtomicU64,
+    /// worker-served scans that went on to search on the CPU (the executor
+    /// wanted more rows than the answer had)
+    pub cpu_after_worker: AtomicU64,
+    fallbacks: [AtomicU64; 6],
+    /// backend side: submission to answer read, summed over worker-served scans
+    pub roundtrip_us: AtomicU64,
+    /// worker side: requests taken, answers given (any status), answers
+    /// with results; the time from submission to being taken (all), and
+    /// from taken to answered (answers with results)
+    pub taken: AtomicU64,
+    pub answered: AtomicU64,
+    pub searched: AtomicU64,
+    pub queue_us: AtomicU64,
+    pub search_us: AtomicU64,
+    /// copies made and dropped
+    pub loads: AtomicU64,
+    pub load_us: AtomicU64,
+    pub evictions: AtomicU64,
+}
+
+impl Counters {
+    const fn new() -> Counters {
+        Counters {
+            scans_worker: AtomicU64::new(0),
+            scans_cpu: AtomicU64::new(0),
+            cpu_after_worker: AtomicU64::new(0),
+            fallbacks: [const { AtomicU64::new(0) }; 6],
+            roundtrip_us: AtomicU64::new(0),
+            taken: AtomicU64::new(0),
+            answered: AtomicU64::new(0),
+            searched: AtomicU64::new(0),
+            queue_us: AtomicU64::new(0),
+            search_us: AtomicU64::new(0),
+            loads: AtomicU64::new(0),
+            load_us: AtomicU64::new(0),
+            evictions: AtomicU64::new(0),
+        }
+    }
+}
+
+static LOCAL: Counters = Counters::new();
+
+/// The cluster's counters, or this backend's when gpu_graph is not preloaded.
+pub fn counters() -> &'static Counters {
+    shared().map_or(&LOCAL, |s| &s.counters)
+}
+
+pub fn add(c: &AtomicU64, n: u64) {
+    c.fetch_add(n, Ordering::Relaxed);
+}
+
+pub fn fallback(reason: Fallback) {
+    let c = counters();
+    add(&c.fallbacks[FALLBACKS.iter().position(|f| f.0 == reason).unwrap()], 1);
+    add(&c.scans_cpu, 1);
+}
+
+fn get(c: &AtomicU64) -> u64 {
+    c.load(Ordering::Relaxed)
+}
+
+/// One resident copy, as the worker publishes it.
+#[derive(Clone, Copy, Default)]
+#[repr(C)]
+pub struct ResidentEntry {
+    pub spc_node: u32,
+    pub db_node: u32,
+    pub rel_node: u32,
+    pub nodes: u32,
+    pub generation: u64,
+    pub bytes: u64,
+    pub loaded_at: i64,
+}
+
+pub const SHOWN_RESIDENTS: usize = 64;
+
+/// The worker's resident copies, for display. The worker replaces the whole
+/// table after each load or eviction; a spin lock (held for a copy of at most
+/// 64 entries, no PostgreSQL call inside) keeps readers from seeing half of it.
+#[repr(C)]
+pub struct ResidentTable {
+    lock: AtomicBool,
+    n: AtomicU32,
+    entries: UnsafeCell<[ResidentEntry; SHOWN_RESIDENTS]>,
+}
+
+// The cell is accessed only under `lock`.
+unsafe impl Sync for ResidentTable {}
+
+impl ResidentTable {
+    fn locked<T>(&self, f: impl FnOnce(&mut [ResidentEntry; SHOWN_RESIDENTS], &AtomicU32) -> T) -> T {
+        while self.lock.compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed).is_err() {
+            std::hint::spin_loop();
+        }
+        let out = f(unsafe { &mut *self.entries.get() }, &self.n);
+        self.lock.store(false, Ordering::Release);
+        out
+    }
+
+    pub fn publish(&self, list: &[ResidentEntry]) {
+        self.locked(|e, n| {
+            let m = list.len().min(SHOWN_RESIDENTS);
+            e[..m].copy_from_slice(&list[..m]);
+            n.store(m as u32, Ordering::Relaxed);
+        })
+    }
+
+    pub fn read(&self) -> Vec<ResidentEntry> {
+        self.locked(|e, n| e[..n.load(Ordering::Relaxed) as usize].to_vec())
+    }
+}
+
+fn entry_json(e: &ResidentEntry) -> Value {
+    let age_us = unsafe { pg_sys::GetCurrentTimestamp() } - e.loaded_at;
+    json!({
+        "tablespace": e.spc_node,
+        "database": e.db_node,
+        "relfilenode": e.rel_node,
+        "generation": e.generation,
+        "nodes": e.nodes,
+        "bytes": e.bytes,
+        "loaded_seconds_ago": (age_us.max(0) / 100_000) as f64 / 10.0,
+    })
+}
+
+fn mean(sum: u64, n: u64) -> Value {
+    if n == 0 { Value::Null } else { json!((sum as f64 / n as f64 * 10.0).round() / 10.0) }
+}
+
+/// "running", "absent" (registered, not serving now), "not started"
+/// (preloaded, no worker registered) or "not preloaded".
+fn worker_state() -> &'static str {
+    match shared() {
+        None => "not preloaded",
+        Some(s) if !s.configured => "not started",
+        Some(s) if s.worker().is_some() => "running",
+        Some(_) => "absent",
+    }
+}
+
+#[pg_extern(sql = "
+CREATE FUNCTION gpu_graph_worker_stats() RETURNS jsonb
+    AS 'MODULE_PATHNAME', 'gpu_graph_worker_stats_wrapper' LANGUAGE C VOLATILE PARALLEL SAFE;
+COMMENT ON FUNCTION gpu_graph_worker_stats() IS
+    'gpu_graph search worker: state, scans served by the worker and by the CPU, CPU fallbacks by reason, timings, resident index copies';
+")]
+fn gpu_graph_worker_stats() -> JsonB {
+    let c = counters();
+    let fallbacks: serde_json::Map<String, Value> =
+        FALLBACKS.iter().enumerate().map(|(i, (_, name))| (name.to_string(), json!(get(&c.fallbacks[i])))).collect();
+    let worker = match shared() {
+        None => json!({"state": worker_state()}),
+        Some(s) => {
+            let busy = s.slots().iter().filter(|slot| slot.state().1 != State::Free).count();
+            json!({
+                "state": worker_state(),
+                "pid": s.worker(),
+                "device": match s.worker_device.load(Ordering::Relaxed) {
+                    DEVICE_CPU => Some("cpu"),
+                    DEVICE_GPU => Some("gpu"),
+                    _ => None,
+                },
+                "starts": get(&s.worker_starts),
+                "slots": s.nslots,
+                "slots_in_use": busy,
+            })
+        }
+    };
+    let residents: Vec<Value> = shared().map(|s| s.residents.read().iter().map(entry_json).collect()).unwrap_or_default();
+    let (scans_worker, taken, loads) = (get(&c.scans_worker), get(&c.taken), get(&c.loads));
+    JsonB(json!({
+        "scope": if shared().is_some() { "cluster" } else { "backend" },
+        "worker": worker,
+        "scans": {"worker": scans_worker, "cpu": get(&c.scans_cpu), "cpu_after_worker": get(&c.cpu_after_worker)},
+        "fallbacks": fallbacks,
+        "requests": {
+            "taken": taken,
+            "answered": get(&c.answered),
+            "searched": get(&c.searched),
+            "mean_queue_us": mean(get(&c.queue_us), taken),
+            "mean_search_us": mean(get(&c.search_us), get(&c.searched)),
+            "mean_roundtrip_us": mean(get(&c.roundtrip_us), scans_worker),
+        },
+        "residency": {
+            "loads": loads,
+            "mean_load_ms": mean(get(&c.load_us), loads * 1000),
+            "evictions": get(&c.evictions),
+            "indexes": residents,
+        },
+    }))
+}
+
+/// The "search" object of gpu_graph_info(index): the worker's state and the
+/// index's resident copy, if any.
+///
+/// # Safety
+/// `rel` must be an open index relation.
+pub unsafe fn index_info(rel: pg_sys::Relation) -> Value {
+    let node = (*rel).rd_node;
+    let resident = shared().and_then(|s| {
+        s.residents
+            .read()
+            .into_iter()
+            .find(|e| (e.spc_node, e.db_node, e.rel_node) == (node.spcNode.to_u32(), node.dbNode.to_u32(), node.relNode.to_u32()))
+    });
+    json!({
+        "worker": worker_state(),
+        "resident": resident.as_ref().map(entry_json),
+    })
+}

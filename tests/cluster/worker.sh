@@ -1,0 +1,340 @@
+#!/usr/bin/env bash
+# The GPU search worker in its CPU test mode (gpu_graph.worker_device = cpu):
+# the real shared-memory protocol, residency and fallbacks, without a GPU.
+#
+#   1. answers through the worker equal the CPU scan's, the counters move, a
+#      scan that wants more rows goes on on the CPU without repeating a row
+#   2. gpu_timeout shorter than the worker's answer (gpu_graph.worker_delay):
+#      CPU answer, timeout counted, the slot comes back
+#   3. statement_timeout while waiting: a clean ERROR, the slot comes back,
+#      the next query is served
+#   4. the worker ended by pg_terminate_backend and by SIGTERM: CPU answers
+#      while it is gone, it comes back and serves again
+#   5. gpu_graph.inject_fault: the worker fails, exits with status 1 and is
+#      restarted; no backend is harmed
+#   6. pgbench searches through the worker while it is terminated, killed
+#      and made to fail: no client error, every answer ordered by its true
+#      distance
+#   7. INSERT, DELETE and VACUUM under pgbench with searches through the
+#      worker: new rows found, the index holds exactly the table's rows
+#   8. gpu_graph.gpu_memory_limit: least recently used copies evicted, an
+#      index larger than the limit searched on the CPU
+#   9. DROP DATABASE with a resident copy does not wait on the worker; the
+#      copies of dropped indexes and databases are dropped
+#  10. without a usable GPU, worker_device = gpu: the worker says why and
+#      scans search on the CPU; worker = auto without a GPU starts none
+#
+#   bash tests/cluster/worker.sh      (after scripts/setup.sh)
+#   GG_WORKER_DEVICE=gpu bash tests/cluster/worker.sh
+#       the same against the GPU worker (on a machine with a GPU): answers
+#       are then checked against the exact ones rather than the CPU scan's,
+#       and a restart (CUDA context, kernel compile) is given longer
+set -euo pipefail
+# shellcheck source=scripts/cluster.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/cluster.sh"
+fail() {
+  echo "worker: FAIL: $*" >&2
+  [ -n "${GG_CLUSTER_DIR:-}" ] && tail -n 25 "$GG_CLUSTER_DIR/postgres.log" >&2
+  exit 1
+}
+q() { psql -X -q -v ON_ERROR_STOP=1 -At "$@"; }
+# stat PATH: a field of gpu_graph_worker_stats(), e.g. stat scans,worker
+stat() { q -c "SELECT gpu_graph_worker_stats() #>> '{$1}'"; }
+# wait_for CONDITION [SECONDS]: poll an SQL condition every 0.1 s
+wait_for() {
+  local i
+  for ((i = 0; i < ${2:-10} * 10; i++)); do
+    [ "$(q -c "SELECT ($1)::int")" = 1 ] && return 0
+    sleep 0.1
+  done
+  return 1
+}
+ms() { date +%s%3N; }
+# through the worker (or its CPU fallback), never a sequential scan
+GPU="SET enable_seqscan = off; SET gpu_graph.search_device = gpu;"
+
+device=${GG_WORKER_DEVICE:-cpu}
+case $device in
+  cpu) restart=5 ;;
+  gpu) restart=60 ;;
+  *) echo "worker: GG_WORKER_DEVICE is cpu or gpu, not $device" >&2; exit 2 ;;
+esac
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/gpu_graph-worker.XXXXXX")
+gg_on_exit "rm -rf '$work'"
+chmod 755 "$work"
+
+gg_cluster_start "shared_preload_libraries = 'gpu_graph'" "gpu_graph.worker_device = $device" \
+  "gpu_graph.build_device = cpu" "gpu_graph.gpu_timeout = 5s" "max_connections = 50"
+q -c "CREATE EXTENSION gpu_graph"
+wait_for "gpu_graph_worker_stats() #>> '{worker,state}' = 'running'" $restart || fail "the worker does not run"
+q -c "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'gpu_graph search worker'" | grep -qx 1 ||
+  fail "the worker is not in pg_stat_activity"
+
+q <<'SQL'
+SET client_min_messages = warning;
+-- a 60×60 integer grid, and query points off the grid (no ties)
+CREATE TABLE grid (id int, v real[]);
+INSERT INTO grid SELECT i, ARRAY[(i / 60)::real, (i % 60)::real] FROM generate_series(0, 3599) i;
+CREATE INDEX grid_idx ON grid USING gpu_graph (v);
+CREATE TABLE queries AS
+  SELECT q, ARRAY[(q * 7 % 59) + 0.31, (q * 13 % 59) + 0.17]::real[] AS v FROM generate_series(1, 30) q;
+CREATE FUNCTION knn(query real[], k int) RETURNS int[] LANGUAGE sql AS
+  $$ SELECT array_agg(id) FROM (SELECT id FROM grid ORDER BY v <-> query LIMIT k) s $$;
+SET enable_indexscan = off;
+CREATE TABLE exact AS SELECT q, knn(v, 10) AS ids FROM queries;
+SQL
+EXPECT=$(q -c "SELECT ids[1:5] FROM exact WHERE q = 1")
+QV=$(q -c "SELECT v FROM queries WHERE q = 1")
+# check: a scan of query 1 through the worker path answers right
+check() { q -c "$GPU ${1:-}" -c "SELECT knn('$QV', 5)::text = '$EXPECT'" | tail -n 1; }
+# served_again: a scan is answered by the worker (a new worker copies the index first)
+# current INDEX TABLE [DATABASE]: scans through the worker until it holds a
+# copy of the index as it is now
+current() {
+  local i db=${3:-$PGDATABASE}
+  for ((i = 0; i < 50; i++)); do
+    q -d "$db" -c "$GPU" -c "SELECT count(*) FROM (SELECT 1 FROM $2 ORDER BY v <-> (SELECT v FROM $2 LIMIT 1) LIMIT 1) s" >/dev/null
+    [ "$(q -d "$db" -c "SELECT gpu_graph_info('$1') #>> '{search,resident,generation}' = gpu_graph_info('$1') ->> 'generation'")" = t ] && return 0
+    sleep 0.1
+  done
+  fail "the worker holds no current copy of $1"
+}
+served_again() {
+  local before i
+  for ((i = 0; i < 50; i++)); do
+    before=$(stat scans,worker)
+    [ "$(check)" = t ] || fail "a wrong answer after the worker came back"
+    [ "$(stat scans,worker)" -gt "$before" ] && return 0
+    sleep 0.1
+  done
+  fail "the worker does not serve again"
+}
+
+echo "1. answers through the worker"
+[ "$(check)" = t ] || fail "first scan (no copy yet) answered wrong"
+wait_for "gpu_graph_info('grid_idx') #>> '{search,resident}' IS NOT NULL" || fail "the worker made no copy of grid_idx"
+before=$(stat scans,worker)
+q <<SQL
+$GPU
+CREATE TABLE via_worker AS SELECT q, knn(v, 10) AS ids FROM queries;
+SET gpu_graph.search_device = cpu;
+CREATE TABLE via_cpu AS SELECT q, knn(v, 10) AS ids FROM queries;
+SQL
+served=$(($(stat scans,worker) - before))
+same=$(q -c "SELECT count(*) FROM via_worker w JOIN via_cpu c USING (q) WHERE w.ids = c.ids")
+exact=$(q -c "SELECT count(*) FROM via_worker w JOIN exact e USING (q) WHERE w.ids = e.ids")
+echo "  $served scans served by the worker; equal to the CPU scan: $same/30, exact: $exact/30"
+[ "$served" -ge 30 ] || fail "the worker served $served of 30 scans"
+# the CPU test mode runs the CPU scan's search on an identical copy
+[ "$device" = gpu ] || [ "$same" = 30 ] || fail "the worker's answers differ from the CPU scan's"
+[ "$exact" -ge 28 ] || fail "only $exact/30 exact answers"
+before=$(stat scans,cpu_after_worker)
+rows=$(q -c "$GPU SET gpu_graph.ef_search = 20;" \
+  -c "SELECT count(*) || '/' || count(DISTINCT id) FROM (SELECT id FROM grid ORDER BY v <-> '{30.3,30.2}' LIMIT 5000) s" | tail -n 1)
+[ "$rows" = 3600/3600 ] || fail "a full scan after the worker's round returned $rows rows/distinct"
+[ "$(stat scans,cpu_after_worker)" -gt "$before" ] || fail "the full scan did not go on on the CPU"
+rows=$(q -c "$GPU" -c "SELECT count(*) FROM (SELECT id FROM grid WHERE id % 7 = 0 ORDER BY v <-> '{30.3,30.2}' LIMIT 30) s" | tail -n 1)
+[ "$rows" = 30 ] || fail "a filtered scan returned $rows rows, not 30"
+echo "  full scan: 3600 distinct rows; filtered LIMIT 30: 30 rows"
+
+echo "2. gpu_timeout"
+before=$(stat fallbacks,timeout)
+t0=$(ms)
+[ "$(check "SET gpu_graph.worker_delay = 1500; SET gpu_graph.gpu_timeout = 50;")" = t ] || fail "wrong answer after a timeout"
+took=$(($(ms) - t0))
+echo "  answered on the CPU in $took ms (the worker would have taken 1500)"
+[ "$took" -lt 1200 ] || fail "the scan waited $took ms"
+[ "$(stat fallbacks,timeout)" -gt "$before" ] || fail "no timeout counted"
+wait_for "(gpu_graph_worker_stats() #>> '{worker,slots_in_use}')::int = 0" 5 || fail "the slot was not reclaimed"
+
+echo "3. cancel while waiting"
+if q -c "$GPU SET gpu_graph.worker_delay = 2000; SET statement_timeout = 200;" -c "SELECT knn('$QV', 5)" 2>"$work/cancel.err"; then
+  fail "the scan was not cancelled"
+fi
+grep -q "canceling statement due to statement timeout" "$work/cancel.err" || fail "cancel: $(cat "$work/cancel.err")"
+wait_for "(gpu_graph_worker_stats() #>> '{worker,slots_in_use}')::int = 0" 5 || fail "the cancelled scan's slot was not reclaimed"
+served_again
+echo "  clean ERROR, slot reclaimed, next scan served by the worker"
+
+echo "4. worker terminated"
+for how in pg_terminate_backend SIGTERM; do
+  starts=$(stat worker,starts)
+  pid=$(stat worker,pid)
+  if [ $how = SIGTERM ]; then kill -TERM "$pid"; else q -c "SELECT pg_terminate_backend($pid)" >/dev/null; fi
+  wait_for "gpu_graph_worker_stats() #>> '{worker,state}' = 'absent'" 5 || fail "the worker did not stop ($how)"
+  before=$(stat fallbacks,absent)
+  [ "$(check)" = t ] || fail "wrong answer while the worker is gone"
+  [ "$(stat fallbacks,absent)" -gt "$before" ] || fail "no absent fallback counted"
+  wait_for "(gpu_graph_worker_stats() #>> '{worker,starts}')::int > $starts
+            AND gpu_graph_worker_stats() #>> '{worker,state}' = 'running'" $restart || fail "the worker did not come back ($how)"
+  served_again
+  echo "  $how: CPU answers while gone, back as pid $(stat worker,pid), serving"
+done
+
+echo "5. inject_fault"
+starts=$(stat worker,starts)
+[ "$(check "SET gpu_graph.inject_fault = on;")" = t ] || fail "wrong answer when the worker failed"
+wait_for "(gpu_graph_worker_stats() #>> '{worker,starts}')::int > $starts
+          AND gpu_graph_worker_stats() #>> '{worker,state}' = 'running'" $restart || fail "the worker did not restart after the fault"
+served_again
+grep -q "exited with exit code 1" "$GG_CLUSTER_DIR/postgres.log" || fail "no clean worker exit in the log"
+echo "  the worker exited with status 1, restarted and serves"
+
+echo "6. pgbench through the worker while it is terminated, killed and failing"
+cat >"$work/search.sql" <<'SQL'
+\set x random(0, 5899)
+SET enable_seqscan = off;
+SET gpu_graph.search_device = gpu;
+SELECT 1 / (count(*) = 10 AND bool_and(d >= p))::int FROM (
+  SELECT d, lag(d, 1, 0::float8) OVER () AS p FROM (
+    SELECT v <-> ARRAY[:x / 100 + 0.31, :x % 59 + 0.17]::real[] AS d
+      FROM grid ORDER BY v <-> ARRAY[:x / 100 + 0.31, :x % 59 + 0.17]::real[] LIMIT 10) s) t;
+SQL
+before=$(stat scans,worker)
+pgbench -n -T 10 -c 4 -j 2 -f "$work/search.sql" postgres >"$work/pgbench.log" 2>&1 &
+bench=$!
+sleep 2
+q -c "SELECT pg_terminate_backend((gpu_graph_worker_stats() #>> '{worker,pid}')::int)" >/dev/null
+sleep 3
+wait_for "gpu_graph_worker_stats() #>> '{worker,state}' = 'running'" $restart && kill -TERM "$(stat worker,pid)"
+sleep 3
+wait_for "gpu_graph_worker_stats() #>> '{worker,state}' = 'running'" $restart &&
+  q -c "$GPU SET gpu_graph.inject_fault = on;" -c "SELECT knn('$QV', 5)" >/dev/null
+wait $bench || { cat "$work/pgbench.log"; fail "pgbench reported an error"; }
+grep -E "number of (transactions actually processed|failed)" "$work/pgbench.log" | sed 's/^/  /'
+echo "  scans served by the worker meanwhile: $(($(stat scans,worker) - before)); fallbacks: $(stat fallbacks)"
+
+echo "7. INSERT, DELETE and VACUUM while searching through the worker"
+q <<'SQL'
+SET client_min_messages = warning;
+CREATE TABLE items (id bigint, v real[]);
+INSERT INTO items SELECT i, ARRAY[random(), random(), random(), random(), random(), random(), random(), random()]::real[]
+  FROM generate_series(1, 3000) i;
+CREATE INDEX items_idx ON items USING gpu_graph (v) WITH (degree = 16);
+-- the test's VACUUMs only: a copy current at the end stays current
+ALTER TABLE items SET (autovacuum_enabled = off);
+CREATE SEQUENCE ids START 1000000;
+SQL
+cat >"$work/insert.sql" <<'SQL'
+INSERT INTO items SELECT nextval('ids'), ARRAY[random(), random(), random(), random(), random(), random(), random(), random()]::real[] FROM generate_series(1, 5);
+SQL
+cat >"$work/items.sql" <<'SQL'
+SET enable_seqscan = off;
+SET gpu_graph.search_device = gpu;
+SELECT 1 / (count(*) = 10 AND bool_and(d >= p))::int FROM (
+  SELECT d, lag(d, 1, 0::float8) OVER () AS p FROM (
+    SELECT v <-> '{0.5,0.4,0.6,0.5,0.3,0.5,0.7,0.5}' AS d
+      FROM items ORDER BY v <-> '{0.5,0.4,0.6,0.5,0.3,0.5,0.7,0.5}' LIMIT 10) s) t;
+SQL
+cat >"$work/delete.sql" <<'SQL'
+DELETE FROM items WHERE id = (random() * 3000)::int;
+SQL
+before=$(stat scans,worker)
+pgbench -n -T 10 -c 6 -j 2 -f "$work/insert.sql@2" -f "$work/items.sql@6" -f "$work/delete.sql@1" postgres \
+  >"$work/pgbench2.log" 2>&1 &
+bench=$!
+for _ in 1 2 3; do sleep 3; q -c "VACUUM items"; done
+wait $bench || { cat "$work/pgbench2.log"; fail "pgbench reported an error"; }
+grep -E "number of (transactions actually processed|failed)" "$work/pgbench2.log" | sed 's/^/  /'
+echo "  scans served by the worker meanwhile: $(($(stat scans,worker) - before)); stale fallbacks so far: $(stat fallbacks,stale)"
+q -c "VACUUM items"
+rows=$(q -c "SELECT count(*) FROM items")
+live=$(q -c "SELECT (gpu_graph_info('items_idx')->'nodes'->>'live')::int")
+[ "$rows" = "$live" ] || fail "the index holds $live live nodes for $rows rows"
+# the worker copies the index as it is now, then answers: every surviving
+# inserted row is found by a search for its own vector
+current items_idx items
+before=$(stat scans,worker)
+found=$(q -c "$GPU" -c "
+  SELECT count(*) FILTER (WHERE o.id = (SELECT id FROM items ORDER BY v <-> o.v LIMIT 1)) || '/' || count(*)
+  FROM items o WHERE o.id >= 1000000" | tail -n 1)
+got=${found%/*}; all=${found#*/}
+served=$(($(stat scans,worker) - before))
+echo "  inserted rows found by their own vector through the worker: $found ($served scans served by it)"
+[ "$all" -gt 0 ] && [ $((got * 100)) -ge $((all * 99)) ] || fail "only $found inserted rows found"
+[ "$served" -ge "$all" ] || fail "the worker served $served of $all scans"
+n=$(q -c "$GPU" -c "
+  SELECT count(*) || '/' || count(DISTINCT id) FROM (SELECT id FROM items ORDER BY v <-> '{0.5,0.5,0.5,0.5,0.5,0.5,0.5,0.5}' LIMIT 1000000) s" | tail -n 1)
+[ "$n" = "$rows/$rows" ] || fail "a full scan returned $n rows/distinct for $rows rows"
+
+echo "8. gpu_memory_limit"
+# grid's copy takes 3600 × (2 × 4 + 32 × 4 + 1) = 493,200 bytes: two fit in
+# 1 MB, three do not; big's 12000 × (8 × 4 + 16 × 4 + 1) bytes never fit
+q <<'SQL'
+SET client_min_messages = warning;
+CREATE TABLE grid2 AS SELECT * FROM grid;
+CREATE INDEX grid2_idx ON grid2 USING gpu_graph (v);
+CREATE TABLE grid3 AS SELECT * FROM grid;
+CREATE INDEX grid3_idx ON grid3 USING gpu_graph (v);
+CREATE TABLE big (id int, v real[]);
+INSERT INTO big SELECT i, ARRAY[random(), random(), random(), random(), random(), random(), random(), random()]::real[]
+  FROM generate_series(1, 12000) i;
+CREATE INDEX big_idx ON big USING gpu_graph (v) WITH (degree = 16);
+ALTER SYSTEM SET gpu_graph.gpu_memory_limit = '1MB';
+SQL
+q -c "SELECT pg_reload_conf()" >/dev/null
+sleep 0.5
+evictions=$(stat residency,evictions)
+current grid_idx grid
+current grid2_idx grid2
+current grid3_idx grid3
+resident=$(q -c "SELECT string_agg(coalesce(c.relname, e->>'relfilenode') || ' ' || (e->>'bytes'), ' + ')
+  FROM jsonb_array_elements(gpu_graph_worker_stats() #> '{residency,indexes}') e
+  LEFT JOIN pg_class c ON c.relfilenode = (e->>'relfilenode')::oid")
+echo "  resident under 1 MB: $resident bytes; evictions: $(($(stat residency,evictions) - evictions))"
+[ "$(stat residency,evictions)" -gt "$evictions" ] || fail "no copy evicted under the limit"
+[ "$(q -c "SELECT gpu_graph_info('grid_idx') #>> '{search,resident}' IS NULL")" = t ] || fail "grid_idx, least recently used, is still resident"
+[ "$(q -c "SELECT gpu_graph_info('grid3_idx') #>> '{search,resident}' IS NOT NULL")" = t ] || fail "grid3_idx is not resident"
+before=$(stat fallbacks,unfit)
+for _ in 1 2 3; do q -c "$GPU" -c "SELECT count(*) FROM (SELECT 1 FROM big ORDER BY v <-> (SELECT v FROM big LIMIT 1) LIMIT 5) s" >/dev/null; sleep 0.2; done
+[ "$(stat fallbacks,unfit)" -gt "$before" ] || fail "the index over the limit was not searched on the CPU as unfit"
+[ "$(q -c "SELECT gpu_graph_info('big_idx') #>> '{search,resident}' IS NULL")" = t ] || fail "big_idx is resident over the limit"
+echo "  least recently used copy evicted; an index over the limit stays on the CPU"
+
+echo "9. dropped indexes and databases"
+q -c "CREATE DATABASE other"
+q -d other <<'SQL'
+SET client_min_messages = warning;
+CREATE EXTENSION gpu_graph;
+CREATE TABLE t AS SELECT i, ARRAY[i % 50, i / 50]::real[] AS v FROM generate_series(0, 2499) i;
+CREATE INDEX t_idx ON t USING gpu_graph (v);
+SQL
+current t_idx t other
+other=$(q -c "SELECT oid FROM pg_database WHERE datname = 'other'")
+gone=$(q -c "SELECT relfilenode FROM pg_class WHERE relname = 'grid3_idx'")
+t0=$(ms)
+# DROP DATABASE waits until every process closed its files (a ProcSignal
+# barrier the worker serves in its loop)
+timeout 20 psql -X -q -c "DROP DATABASE other" || fail "DROP DATABASE failed or hung"
+echo "  DROP DATABASE with a resident copy took $(($(ms) - t0)) ms"
+q -c "DROP INDEX grid3_idx"
+wait_for "NOT EXISTS (SELECT FROM jsonb_array_elements(gpu_graph_worker_stats() #> '{residency,indexes}') e
+                      WHERE (e->>'database')::oid = $other OR (e->>'relfilenode')::oid = $gone)" 15 ||
+  fail "copies of a dropped index or database are still resident"
+echo "  their copies are dropped"
+
+grep -E "terminated by signal|was terminated|all server processes terminated|PANIC" "$GG_CLUSTER_DIR/postgres.log" &&
+  fail "a process crashed (above)"
+
+echo "10. no usable GPU"
+if [ -e /dev/nvidiactl ] || [ -e /dev/nvidia0 ] || [ "$device" = gpu ]; then
+  echo "  skipped: this machine has a GPU"
+else
+  gg_cluster_stop
+  gg_cluster_start "shared_preload_libraries = 'gpu_graph'" "gpu_graph.build_device = cpu"
+  q -c "CREATE EXTENSION gpu_graph"
+  [ "$(stat worker,state)" = "not started" ] || fail "worker = auto started a worker without a GPU: $(stat worker)"
+  gg_cluster_stop
+  gg_cluster_start "shared_preload_libraries = 'gpu_graph'" "gpu_graph.build_device = cpu" "gpu_graph.worker = on"
+  q -c "SET client_min_messages = warning" -c "CREATE EXTENSION gpu_graph" -c "CREATE TABLE t AS SELECT i, ARRAY[i, i % 7]::real[] AS v FROM generate_series(1, 500) i" \
+    -c "CREATE INDEX ON t USING gpu_graph (v)"
+  n=$(q -c "SET enable_seqscan = off" -c "SELECT count(*) FROM (SELECT i FROM t ORDER BY v <-> '{100,3}' LIMIT 10) s" | tail -n 1)
+  [ "$n" = 10 ] || fail "scans fail without the worker"
+  [ "$(stat worker,state)" = absent ] || fail "worker state $(stat worker,state)"
+  [ "$(stat fallbacks,absent)" -ge 1 ] || fail "no absent fallback counted"
+  for ((i = 0; i < 30; i++)); do grep -q "gpu_graph search worker: cannot start" "$GG_CLUSTER_DIR/postgres.log" && break; sleep 0.1; done
+  grep "gpu_graph search worker: cannot start" "$GG_CLUSTER_DIR/postgres.log" | head -n 1 | sed 's/^.*LOG: */  /' ||
+    fail "the worker did not say why it cannot start"
+fi
+echo "worker: passed"

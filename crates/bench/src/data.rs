@@ -62,18 +62,7 @@ pub type Vectors = dataset::Matrix<f32>;
 
 /// Reads at most `limit` rows of an .fvecs or .bvecs file.
 pub fn read_vectors(path: &Path, limit: Option<usize>) -> Result<Vectors, String> {
-    let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("");
-    let res = match ext {
-        "fvecs" => dataset::read_fvecs(path, limit),
-        "bvecs" => dataset::read_bvecs(path, limit),
-        _ => {
-            return Err(format!(
-                "{}: expected a .fvecs or .bvecs file",
-                path.display()
-            ))
-        }
-    };
-    let m = res.map_err(|e| format!("{}: {e}", path.display()))?;
+    let m = dataset::read_vectors(path, limit).map_err(|e| e.to_string())?;
     if m.is_empty() {
         return Err(format!("{}: no vectors", path.display()));
     }

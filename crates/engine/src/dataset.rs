@@ -34,6 +34,15 @@ pub fn read_bvecs(path: &Path, limit: Option<usize>) -> io::Result<Matrix<f32>> 
     read_vecs(path, limit, 1, |b| b[0] as f32)
 }
 
+/// Reads base or query vectors by the file's extension: `.bvecs`, else `.fvecs`.
+pub fn read_vectors(path: &Path, limit: Option<usize>) -> io::Result<Matrix<f32>> {
+    match path.extension().and_then(|e| e.to_str()) {
+        Some("bvecs") => read_bvecs(path, limit),
+        Some("fvecs") => read_fvecs(path, limit),
+        _ => Err(io::Error::new(ErrorKind::InvalidInput, format!("{}: expected a .fvecs or .bvecs file", path.display()))),
+    }
+}
+
 /// Reads a `.ivecs` file (ground-truth ids).
 pub fn read_ivecs(path: &Path, limit: Option<usize>) -> io::Result<Matrix<i32>> {
     read_vecs(path, limit, 4, |b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]))

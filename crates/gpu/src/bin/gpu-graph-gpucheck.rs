@@ -27,7 +27,7 @@ use std::path::Path;
 use std::process::exit;
 use std::time::Instant;
 
-use gpu_graph_engine::dataset::{read_bvecs, read_fvecs, read_ivecs, Matrix};
+use gpu_graph_engine::dataset::{self, read_ivecs, Matrix};
 use gpu_graph_engine::distance::l2sq;
 use gpu_graph_engine::graph::Graph;
 use gpu_graph_engine::memory::MemoryStore;
@@ -48,13 +48,7 @@ fn usage(msg: &str) -> ! {
 }
 
 fn read_vectors(path: &str, rows: Option<usize>) -> Matrix<f32> {
-    let p = Path::new(path);
-    let r = if path.ends_with(".bvecs") {
-        read_bvecs(p, rows)
-    } else {
-        read_fvecs(p, rows)
-    };
-    r.unwrap_or_else(|e| usage(&format!("{path}: {e}")))
+    dataset::read_vectors(Path::new(path), rows).unwrap_or_else(|e| usage(&e.to_string()))
 }
 
 #[derive(Clone)]

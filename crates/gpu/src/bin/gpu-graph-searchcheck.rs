@@ -33,7 +33,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use gpu_graph_engine::dataset::{read_bvecs, read_fvecs, read_ivecs, Matrix};
+use gpu_graph_engine::dataset::{self, read_ivecs, Matrix};
 use gpu_graph_engine::distance::{dot, l2sq};
 use gpu_graph_engine::graph::Graph;
 use gpu_graph_engine::memory::MemoryStore;
@@ -59,13 +59,7 @@ fn usage(msg: &str) -> ! {
 }
 
 fn read_vectors(path: &str, rows: Option<usize>) -> Matrix<f32> {
-    let p = Path::new(path);
-    let r = if path.ends_with(".bvecs") {
-        read_bvecs(p, rows)
-    } else {
-        read_fvecs(p, rows)
-    };
-    r.unwrap_or_else(|e| usage(&format!("{path}: {e}")))
+    dataset::read_vectors(Path::new(path), rows).unwrap_or_else(|e| usage(&e.to_string()))
 }
 
 fn list(s: &str) -> Vec<usize> {

@@ -6,6 +6,7 @@
 use rayon::prelude::*;
 
 use crate::distance::{cosine_distance, l2_distance, negative_inner_product};
+use crate::dataset::Matrix;
 use crate::metric::Metric;
 
 /// The SQL operator of `metric` (`<->`, `<=>`, `<#>`) on raw vectors.
@@ -101,4 +102,18 @@ mod tests {
         let truth = vec![vec![(0, 0.0), (1, 2.0)], vec![(3, 1.0), (4, 1.0)]];
         assert_eq!(mean_recall(&[vec![0.0, 3.0], vec![1.0, 1.0]], &truth, 2), 0.75);
     }
+}
+
+/// Ground truth from a file's ids (one row of ids per query): the first `k`
+/// ids of each row with their operator distances, as [`exact_knn`] returns.
+pub fn truth_from_ids(base: &Matrix<f32>, queries: &Matrix<f32>, ids: &Matrix<i32>, k: usize, metric: Metric) -> Vec<Vec<(u32, f64)>> {
+    (0..queries.len())
+        .map(|q| {
+            ids.row(q)
+                .iter()
+                .take(k)
+                .map(|&id| (id as u32, operator_distance(metric, queries.row(q), base.row(id as usize))))
+                .collect()
+        })
+        .collect()
 }

@@ -33,7 +33,7 @@ use gpu_graph_engine::graph::Graph;
 use gpu_graph_engine::memory::MemoryStore;
 use gpu_graph_engine::metric::Metric;
 use gpu_graph_engine::params::BuildParams;
-use gpu_graph_engine::recall::{exact_knn, mean_recall, operator_distance};
+use gpu_graph_engine::recall::{exact_knn, mean_recall, truth_from_ids};
 use gpu_graph_engine::rnn_descent;
 use gpu_graph_engine::search::search;
 use gpu_graph_gpu::{build_with, knn_graph, Gpu, GpuOptions, KnnInit, PruneRule, ScanOrder};
@@ -270,24 +270,7 @@ fn main() {
         Some(p) => {
             let gt = read_ivecs(Path::new(p), Some(queries.len()))
                 .unwrap_or_else(|e| usage(&format!("{p}: {e}")));
-            (0..queries.len())
-                .map(|q| {
-                    gt.row(q)
-                        .iter()
-                        .take(K)
-                        .map(|&id| {
-                            (
-                                id as u32,
-                                operator_distance(
-                                    Metric::L2,
-                                    queries.row(q),
-                                    base.row(id as usize),
-                                ),
-                            )
-                        })
-                        .collect()
-                })
-                .collect()
+            truth_from_ids(&base, &queries, &gt, K, Metric::L2)
         }
         None => exact_knn(&base.data, base.dim, &queries.data, K, Metric::L2),
     };

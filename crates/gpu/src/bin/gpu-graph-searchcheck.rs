@@ -39,7 +39,7 @@ use gpu_graph_engine::graph::Graph;
 use gpu_graph_engine::memory::MemoryStore;
 use gpu_graph_engine::metric::Metric;
 use gpu_graph_engine::params::BuildParams;
-use gpu_graph_engine::recall::{exact_knn, mean_recall, operator_distance};
+use gpu_graph_engine::recall::{exact_knn, mean_recall, truth_from_ids};
 use gpu_graph_engine::rnn_descent;
 use gpu_graph_engine::search::search;
 use gpu_graph_gpu::search::sim::{simulate, SimIndex};
@@ -109,20 +109,7 @@ fn truth_of(
         Some(p) => {
             let gt = read_ivecs(Path::new(p), Some(queries.len()))
                 .unwrap_or_else(|e| usage(&format!("{p}: {e}")));
-            (0..queries.len())
-                .map(|q| {
-                    gt.row(q)
-                        .iter()
-                        .take(K)
-                        .map(|&id| {
-                            (
-                                id as u32,
-                                operator_distance(metric, queries.row(q), base.row(id as usize)),
-                            )
-                        })
-                        .collect()
-                })
-                .collect()
+            truth_from_ids(base, queries, &gt, K, metric)
         }
         None => exact_knn(&base.data, base.dim, &queries.data, K, metric),
     }

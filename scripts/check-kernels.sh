@@ -34,8 +34,8 @@ fi
 SP=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/nvidia/cu13
 [ -f "$SP/lib/libnvrtc.so.13" ] || gg_die "no libnvrtc.so.13 under $SP/lib"
 
-cargo build --release --quiet -p gpu_graph_gpu --bin gpu-graph-nvrtc-check
-CHECK=$CARGO_TARGET_DIR/release/gpu-graph-nvrtc-check
+cargo build --release --quiet -p gpu_graph_gpu --example gpu-graph-nvrtc-check
+CHECK=$CARGO_TARGET_DIR/release/examples/gpu-graph-nvrtc-check
 
 args=("$@")
 [ ${#args[@]} -gt 0 ] || args=(--arch compute_90 --arch sm_90)

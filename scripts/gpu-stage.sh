@@ -14,9 +14,9 @@ tools=${GPU_GRAPH_TOOLS:-$GG_ROOT/../shared/tools}
 pkg=$CARGO_TARGET_DIR/gpu-graph-package
 rm -rf "$pkg"
 cargo pgrx package --pg-config "$PG_CONFIG" --out-dir "$pkg" >/dev/null
-cargo build -q --release -p gpu-graph-bench -p gpu_graph_gpu --bins
+cargo build -q --release -p gpu-graph-bench && cargo build -q --release -p gpu_graph_gpu --examples
 bins=()
-for b in gpu-graph-bench gpu-graph-gpucheck gpu-graph-searchcheck; do
+for b in gpu-graph-bench examples/gpu-graph-gpucheck examples/gpu-graph-searchcheck; do
   [ -x "$CARGO_TARGET_DIR/release/$b" ] && bins+=("$CARGO_TARGET_DIR/release/$b")
 done
 # a 10k-row prefix of minilm384 (the whole set would not fit the 64 MiB

@@ -19,8 +19,10 @@ mod tests {
     #[pg_test]
     fn index_scan_finds_exact_neighbours_on_a_grid() {
         // 40×40 integer grid: the true nearest neighbours are known exactly
-        Spi::run("CREATE TABLE grid AS SELECT i, ARRAY[(i / 40)::real, (i % 40)::real] AS v FROM generate_series(0, 1599) i")
-            .unwrap();
+        Spi::run(
+            "CREATE TABLE grid AS SELECT i, ARRAY[(i / 40)::real, (i % 40)::real] AS v FROM generate_series(0, 1599) i",
+        )
+        .unwrap();
         Spi::run("CREATE INDEX ON grid USING gpu_graph (v)").unwrap();
         Spi::run("SET enable_seqscan = off").unwrap();
         let ids: Vec<i32> = Spi::connect(|c| {
@@ -42,17 +44,21 @@ mod tests {
     fn insert_then_find_and_delete_then_never_return() {
         Spi::run("CREATE TABLE t (id int, v real[])").unwrap();
         Spi::run("CREATE INDEX t_v ON t USING gpu_graph (v)").unwrap();
-        Spi::run("INSERT INTO t SELECT i, ARRAY[sin(i)::real, cos(i)::real, (i % 7)::real] FROM generate_series(1, 500) i")
-            .unwrap();
+        Spi::run(
+            "INSERT INTO t SELECT i, ARRAY[sin(i)::real, cos(i)::real, (i % 7)::real] FROM generate_series(1, 500) i",
+        )
+        .unwrap();
         Spi::run("SET enable_seqscan = off").unwrap();
-        let first = Spi::get_one::<i32>("SELECT id FROM t ORDER BY v <-> ARRAY[sin(77)::real, cos(77)::real, 0::real] LIMIT 1")
-            .unwrap()
-            .unwrap();
+        let first =
+            Spi::get_one::<i32>("SELECT id FROM t ORDER BY v <-> ARRAY[sin(77)::real, cos(77)::real, 0::real] LIMIT 1")
+                .unwrap()
+                .unwrap();
         assert_eq!(first, 77);
         Spi::run("DELETE FROM t WHERE id = 77").unwrap();
-        let after = Spi::get_one::<i32>("SELECT id FROM t ORDER BY v <-> ARRAY[sin(77)::real, cos(77)::real, 0::real] LIMIT 1")
-            .unwrap()
-            .unwrap();
+        let after =
+            Spi::get_one::<i32>("SELECT id FROM t ORDER BY v <-> ARRAY[sin(77)::real, cos(77)::real, 0::real] LIMIT 1")
+                .unwrap()
+                .unwrap();
         assert_ne!(after, 77);
     }
 }

@@ -7,9 +7,9 @@
 use std::ffi::c_void;
 use std::time::Instant;
 
+use gpu_graph_engine::distance;
 use gpu_graph_engine::metric::Metric;
 use gpu_graph_engine::params::BuildParams;
-use gpu_graph_engine::distance;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 
@@ -228,7 +228,11 @@ pub unsafe extern "C-unwind" fn ambuild(
         metric.name(),
         total.elapsed().as_secs_f64(),
         phases.join(", "),
-        if loader.skipped_zero > 0 { format!("; {} zero vectors not indexed", loader.skipped_zero) } else { String::new() }
+        if loader.skipped_zero > 0 {
+            format!("; {} zero vectors not indexed", loader.skipped_zero)
+        } else {
+            String::new()
+        }
     );
 
     let mut result = pgrx::PgBox::<pg_sys::IndexBuildResult>::alloc0();

@@ -22,7 +22,8 @@ fn gpu_graph_info(index: pg_sys::Oid) -> JsonB {
             error!("gpu_graph_info: relation {} is not a gpu_graph index", index.to_u32());
         }
         let meta = Meta::read(rel);
-        let (mut live, mut deleted, mut free, mut edges, mut min_deg, mut max_deg) = (0u64, 0u64, 0u64, 0u64, u64::MAX, 0u64);
+        let (mut live, mut deleted, mut free, mut edges, mut min_deg, mut max_deg) =
+            (0u64, 0u64, 0u64, 0u64, u64::MAX, 0u64);
         if meta.dim != 0 {
             let store = PageStore::new(rel, &meta);
             let mut nb = Vec::new();

@@ -66,11 +66,51 @@ pub fn register() {
             Some(validate_algorithm),
             lock,
         );
-        pg_sys::add_int_reloption(KIND, c"degree".as_ptr(), c"Neighbours kept per node".as_ptr(), d.degree as i32, 8, 128, lock);
-        pg_sys::add_int_reloption(KIND, c"s".as_ptr(), c"RNN-Descent: random initial neighbours".as_ptr(), d.s as i32, 1, 128, lock);
-        pg_sys::add_int_reloption(KIND, c"r".as_ptr(), c"RNN-Descent: candidate pool capacity".as_ptr(), d.r as i32, 8, 512, lock);
-        pg_sys::add_int_reloption(KIND, c"t1".as_ptr(), c"RNN-Descent: outer rounds".as_ptr(), d.t1 as i32, 1, 32, lock);
-        pg_sys::add_int_reloption(KIND, c"t2".as_ptr(), c"RNN-Descent: update rounds per outer round".as_ptr(), d.t2 as i32, 1, 64, lock);
+        pg_sys::add_int_reloption(
+            KIND,
+            c"degree".as_ptr(),
+            c"Neighbours kept per node".as_ptr(),
+            d.degree as i32,
+            8,
+            128,
+            lock,
+        );
+        pg_sys::add_int_reloption(
+            KIND,
+            c"s".as_ptr(),
+            c"RNN-Descent: random initial neighbours".as_ptr(),
+            d.s as i32,
+            1,
+            128,
+            lock,
+        );
+        pg_sys::add_int_reloption(
+            KIND,
+            c"r".as_ptr(),
+            c"RNN-Descent: candidate pool capacity".as_ptr(),
+            d.r as i32,
+            8,
+            512,
+            lock,
+        );
+        pg_sys::add_int_reloption(
+            KIND,
+            c"t1".as_ptr(),
+            c"RNN-Descent: outer rounds".as_ptr(),
+            d.t1 as i32,
+            1,
+            32,
+            lock,
+        );
+        pg_sys::add_int_reloption(
+            KIND,
+            c"t2".as_ptr(),
+            c"RNN-Descent: update rounds per outer round".as_ptr(),
+            d.t2 as i32,
+            1,
+            64,
+            lock,
+        );
         pg_sys::add_string_reloption(
             KIND,
             c"knn".as_ptr(),
@@ -79,7 +119,15 @@ pub fn register() {
             Some(validate_knn),
             lock,
         );
-        pg_sys::add_real_reloption(KIND, c"rho".as_ptr(), c"Share of each list given reverse edges between outer rounds".as_ptr(), d.rho as f64, 0.0, 1.0, lock);
+        pg_sys::add_real_reloption(
+            KIND,
+            c"rho".as_ptr(),
+            c"Share of each list given reverse edges between outer rounds".as_ptr(),
+            d.rho as f64,
+            0.0,
+            1.0,
+            lock,
+        );
     }
 }
 

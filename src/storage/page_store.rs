@@ -127,7 +127,10 @@ impl PageStore {
             let b = Locked { buf };
             let got = pg_sys::BufferGetBlockNumber(buf);
             if got != expected + i as u32 {
-                pgrx::error!("gpu_graph: index has unexpected block {got} (expected {}); REINDEX it", expected + i as u32);
+                pgrx::error!(
+                    "gpu_graph: index has unexpected block {got} (expected {}); REINDEX it",
+                    expected + i as u32
+                );
             }
             let mut x = Xlog::start(self.rel);
             let page = x.register(&b, true);
@@ -218,8 +221,7 @@ impl GraphMut for PageStore {
             let b = Locked::read(self.rel, self.layout.graph_block(node), true);
             let off = self.layout.graph_offset(node);
             let p = b.contents().add(off) as *const u32;
-            let mut list: Vec<u32> =
-                (0..self.layout.degree).map(|i| *p.add(i)).take_while(|&n| n != NO_NODE).collect();
+            let mut list: Vec<u32> = (0..self.layout.degree).map(|i| *p.add(i)).take_while(|&n| n != NO_NODE).collect();
             if !f(&mut list) {
                 return;
             }

@@ -58,7 +58,8 @@ impl Batch {
             return;
         }
         unsafe {
-            let mut blocks: Vec<pg_sys::BlockNumber> = self.pages.iter().map(|b| pg_sys::BufferGetBlockNumber(b.buf)).collect();
+            let mut blocks: Vec<pg_sys::BlockNumber> =
+                self.pages.iter().map(|b| pg_sys::BufferGetBlockNumber(b.buf)).collect();
             let mut images: Vec<pg_sys::Page> = self.pages.iter().map(|b| pg_sys::BufferGetPage(b.buf)).collect();
             pg_sys::CritSectionCount += 1;
             for b in &self.pages {
@@ -94,7 +95,13 @@ impl Drop for Batch {
 ///
 /// # Safety
 /// `rel` must be a new, empty gpu_graph index relation.
-pub unsafe fn write_vector_pages(rel: pg_sys::Relation, meta: &Meta, stored: &[f32], payloads: &[u64], progress: &mut dyn FnMut(u32)) {
+pub unsafe fn write_vector_pages(
+    rel: pg_sys::Relation,
+    meta: &Meta,
+    stored: &[f32],
+    payloads: &[u64],
+    progress: &mut dyn FnMut(u32),
+) {
     let layout: Layout = meta.layout();
     let n = payloads.len();
     let mut batch = Batch::new(rel);

@@ -17,7 +17,9 @@ pub enum VectorError {
 impl VectorError {
     pub fn message(&self) -> String {
         match self {
-            VectorError::MultiDim(n) => format!("gpu_graph vectors must be one-dimensional arrays, not {n}-dimensional"),
+            VectorError::MultiDim(n) => {
+                format!("gpu_graph vectors must be one-dimensional arrays, not {n}-dimensional")
+            }
             VectorError::HasNulls => "gpu_graph vectors must not contain NULL elements".into(),
             VectorError::NotReal => "gpu_graph vectors must be real[]".into(),
         }
@@ -55,11 +57,7 @@ pub unsafe fn real_array<'a>(datum: pg_sys::Datum) -> Result<&'a [f32], VectorEr
 
 /// Raises the ERROR for a vector that cannot be indexed or compared.
 pub fn error(e: VectorError) -> ! {
-    pgrx::ereport!(
-        ERROR,
-        pgrx::PgSqlErrorCode::ERRCODE_DATA_EXCEPTION,
-        e.message()
-    );
+    pgrx::ereport!(ERROR, pgrx::PgSqlErrorCode::ERRCODE_DATA_EXCEPTION, e.message());
 }
 
 /// The first non-finite element, if any.

@@ -54,7 +54,8 @@ pub fn wanted() -> bool {
         WorkerStart::Off => false,
         WorkerStart::On => true,
         WorkerStart::Auto => {
-            WORKER_DEVICE.get() == WorkerDevice::Cpu || ["/dev/nvidiactl", "/dev/nvidia0"].iter().any(|p| Path::new(p).exists())
+            WORKER_DEVICE.get() == WorkerDevice::Cpu
+                || ["/dev/nvidiactl", "/dev/nvidia0"].iter().any(|p| Path::new(p).exists())
         }
     }
 }
@@ -107,7 +108,8 @@ pub extern "C-unwind" fn gpu_graph_worker_main(_arg: pg_sys::Datum) {
     let shared = shared().expect("the search worker runs only when gpu_graph is preloaded");
     unsafe {
         // buffer pins need a resource owner; there is no transaction here
-        pg_sys::CurrentResourceOwner = pg_sys::ResourceOwnerCreate(std::ptr::null_mut(), c"gpu_graph search worker".as_ptr());
+        pg_sys::CurrentResourceOwner =
+            pg_sys::ResourceOwnerCreate(std::ptr::null_mut(), c"gpu_graph search worker".as_ptr());
         pg_sys::before_shmem_exit(Some(at_exit), pg_sys::Datum::from(0));
     }
     let device = match Device::open(WORKER_DEVICE.get()) {

@@ -26,9 +26,9 @@ use gpu_graph_engine::store::GraphView;
 use pgrx::pg_sys;
 
 use super::ring::{Slot, Status, MAX_HITS};
+use super::set_latch;
 use super::shmem::{shared, Shared};
 use super::stats::{add, counters, fallback, Fallback};
-use super::set_latch;
 use crate::gucs::{SearchDevice, GPU_TIMEOUT, INJECT_FAULT, SEARCH_DEVICE, WORKER_DELAY};
 use crate::storage::meta::Meta;
 use crate::storage::page_store::PageStore;
@@ -48,7 +48,13 @@ pub struct Answer {
 ///
 /// # Safety
 /// `index` must be the open index `store` reads.
-pub unsafe fn first_round(index: pg_sys::Relation, meta: &Meta, store: &PageStore, query: &[f32], ef: usize) -> Option<Answer> {
+pub unsafe fn first_round(
+    index: pg_sys::Relation,
+    meta: &Meta,
+    store: &PageStore,
+    query: &[f32],
+    ef: usize,
+) -> Option<Answer> {
     let wanted = match SEARCH_DEVICE.get() {
         SearchDevice::Cpu => false,
         SearchDevice::Gpu => true,
@@ -90,7 +96,8 @@ impl Claim {
         let start = unsafe { (*pg_sys::MyProc).pgprocno } as usize % slots.len();
         (0..slots.len()).map(|j| (start + j) % slots.len()).find_map(|i| {
             let seq = slots[i].claim()?;
-            EXIT_CALLBACK.call_once(|| unsafe { pg_sys::before_shmem_exit(Some(let_go_at_exit), pg_sys::Datum::from(0)) });
+            EXIT_CALLBACK
+                .call_once(|| unsafe { pg_sys::before_shmem_exit(Some(let_go_at_exit), pg_sys::Datum::from(0)) });
             HELD_SEQ.store(seq, Ordering::Relaxed);
             HELD_SLOT.store(i, Ordering::Relaxed);
             Some(Claim { slot: &slots[i], seq })

@@ -192,7 +192,10 @@ pub enum Begin {
     /// locked by someone else, or gone: try again on a later request
     NotNow,
     /// more bytes than `limit` (or than could be allocated)
-    TooLarge { generation: u64, bytes: usize },
+    TooLarge {
+        generation: u64,
+        bytes: usize,
+    },
 }
 
 impl Loader {
@@ -204,7 +207,8 @@ impl Loader {
     pub unsafe fn begin(req: &Request, limit: usize) -> Begin {
         // SET_LOCKTAG_OBJECT(InvalidOid, DatabaseRelationId, db, 0), as a
         // backend connected to the database holds one
-        let Some(db) = SessionLock::take(0, pg_sys::DatabaseRelationId.to_u32(), req.db, pg_sys::LockTagType::LOCKTAG_OBJECT)
+        let Some(db) =
+            SessionLock::take(0, pg_sys::DatabaseRelationId.to_u32(), req.db, pg_sys::LockTagType::LOCKTAG_OBJECT)
         else {
             return Begin::NotNow;
         };
@@ -258,15 +262,8 @@ impl Loader {
         else {
             return Begin::TooLarge { generation: m.generation, bytes };
         };
-        l.image = Some(Image {
-            metric: m.metric(),
-            stored_dim: sd,
-            degree,
-            entry: m.entry(),
-            vectors,
-            adjacency,
-            flags,
-        });
+        l.image =
+            Some(Image { metric: m.metric(), stored_dim: sd, degree, entry: m.entry(), vectors, adjacency, flags });
         Begin::Started(Box::new(l))
     }
 
@@ -323,7 +320,11 @@ impl Loader {
                             0
                         };
                         let out = &mut image.vectors[node * l.stored_dim..(node + 1) * l.stored_dim];
-                        std::ptr::copy_nonoverlapping(t.add(VECTOR_HEADER) as *const f32, out.as_mut_ptr(), l.stored_dim);
+                        std::ptr::copy_nonoverlapping(
+                            t.add(VECTOR_HEADER) as *const f32,
+                            out.as_mut_ptr(),
+                            l.stored_dim,
+                        );
                     }
                 }
             });

@@ -73,7 +73,11 @@ impl Residency {
             Begin::Started(l) => l,
             Begin::NotNow => return,
             Begin::TooLarge { generation, bytes } => {
-                self.mark_unfit(key, generation, &format!("it needs {} MB, more than gpu_graph.gpu_memory_limit or memory allow", bytes >> 20));
+                self.mark_unfit(
+                    key,
+                    generation,
+                    &format!("it needs {} MB, more than gpu_graph.gpu_memory_limit or memory allow", bytes >> 20),
+                );
                 return;
             }
         };
@@ -136,7 +140,10 @@ impl Residency {
     /// so in the log the first time.
     fn mark_unfit(&mut self, key: Key, generation: u64, why: &str) {
         if !self.unfit.iter().any(|&(k, _)| k == key) {
-            pgrx::log!("gpu_graph search worker: scans of the index with relfilenode {} stay on the CPU: {why}", key.rel);
+            pgrx::log!(
+                "gpu_graph search worker: scans of the index with relfilenode {} stay on the CPU: {why}",
+                key.rel
+            );
         }
         self.unfit.retain(|&(k, _)| k != key);
         self.unfit.push((key, generation));

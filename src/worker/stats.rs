@@ -171,7 +171,11 @@ fn entry_json(e: &ResidentEntry) -> Value {
 }
 
 fn mean(sum: u64, n: u64) -> Value {
-    if n == 0 { Value::Null } else { json!((sum as f64 / n as f64 * 10.0).round() / 10.0) }
+    if n == 0 {
+        Value::Null
+    } else {
+        json!((sum as f64 / n as f64 * 10.0).round() / 10.0)
+    }
 }
 
 /// "running", "absent" (registered, not serving now), "not started"
@@ -213,7 +217,8 @@ fn gpu_graph_worker_stats() -> JsonB {
             })
         }
     };
-    let residents: Vec<Value> = shared().map(|s| s.residents.read().iter().map(entry_json).collect()).unwrap_or_default();
+    let residents: Vec<Value> =
+        shared().map(|s| s.residents.read().iter().map(entry_json).collect()).unwrap_or_default();
     let (scans_worker, taken, loads) = (get(&c.scans_worker), get(&c.taken), get(&c.loads));
     JsonB(json!({
         "scope": if shared().is_some() { "cluster" } else { "backend" },
@@ -245,10 +250,9 @@ fn gpu_graph_worker_stats() -> JsonB {
 pub unsafe fn index_info(rel: pg_sys::Relation) -> Value {
     let node = (*rel).rd_node;
     let resident = shared().and_then(|s| {
-        s.residents
-            .read()
-            .into_iter()
-            .find(|e| (e.spc_node, e.db_node, e.rel_node) == (node.spcNode.to_u32(), node.dbNode.to_u32(), node.relNode.to_u32()))
+        s.residents.read().into_iter().find(|e| {
+            (e.spc_node, e.db_node, e.rel_node) == (node.spcNode.to_u32(), node.dbNode.to_u32(), node.relNode.to_u32())
+        })
     });
     json!({
         "worker": worker_state(),

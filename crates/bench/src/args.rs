@@ -83,10 +83,7 @@ pub struct Args {
 }
 
 fn env_or(name: &str, default: &str) -> String {
-    std::env::var(name)
-        .ok()
-        .filter(|v| !v.is_empty())
-        .unwrap_or_else(|| default.to_string())
+    std::env::var(name).ok().filter(|v| !v.is_empty()).unwrap_or_else(|| default.to_string())
 }
 
 pub fn parse_metric(s: &str) -> Result<Metric, String> {
@@ -104,9 +101,7 @@ pub fn parse_ef_list(s: &str) -> Result<Vec<Ef>, String> {
         if part == "default" {
             out.push(Ef::Default);
         } else {
-            let v: u32 = part
-                .parse()
-                .map_err(|_| format!("--ef: `{part}` is not a number or `default`"))?;
+            let v: u32 = part.parse().map_err(|_| format!("--ef: `{part}` is not a number or `default`"))?;
             out.push(Ef::Value(v));
         }
     }
@@ -117,8 +112,7 @@ pub fn parse_ef_list(s: &str) -> Result<Vec<Ef>, String> {
 }
 
 fn number<T: std::str::FromStr>(flag: &str, v: &str) -> Result<T, String> {
-    v.parse()
-        .map_err(|_| format!("{flag}: `{v}` is not a valid number"))
+    v.parse().map_err(|_| format!("{flag}: `{v}` is not a valid number"))
 }
 
 /// Parses `argv` (without the program name). `Ok(None)` means --help.
@@ -167,10 +161,7 @@ pub fn parse(argv: &[String]) -> Result<Option<Args>, String> {
             }
             _ => {}
         }
-        let v = it
-            .next()
-            .ok_or_else(|| format!("{flag}: missing value (see --help)"))?
-            .as_str();
+        let v = it.next().ok_or_else(|| format!("{flag}: missing value (see --help)"))?.as_str();
         match flag {
             "--dataset" => a.dataset = Some(v.into()),
             "--data" => a.data_dir = v.into(),
@@ -182,13 +173,10 @@ pub fn parse(argv: &[String]) -> Result<Option<Args>, String> {
             "--queries" => a.queries = Some(number(flag, v)?),
             "-k" | "--k" => a.k = number(flag, v)?,
             "--ef" => a.ef = parse_ef_list(v)?,
-            "--index-options" => {
-                a.index_options = Some(v.into()).filter(|s: &String| !s.trim().is_empty())
-            }
+            "--index-options" => a.index_options = Some(v.into()).filter(|s: &String| !s.trim().is_empty()),
             "--set" => {
-                let (name, value) = v
-                    .split_once('=')
-                    .ok_or_else(|| format!("--set: expected NAME=VALUE, got `{v}`"))?;
+                let (name, value) =
+                    v.split_once('=').ok_or_else(|| format!("--set: expected NAME=VALUE, got `{v}`"))?;
                 a.sets.push((name.trim().into(), value.trim().into()));
             }
             "--clients" => a.clients = number(flag, v)?,
@@ -219,16 +207,10 @@ pub fn parse(argv: &[String]) -> Result<Option<Args>, String> {
     if a.k == 0 || a.clients == 0 {
         return Err("-k and --clients must be at least 1".into());
     }
-    if !a
-        .table
-        .chars()
-        .all(|c| c.is_ascii_alphanumeric() || c == '_')
+    if !a.table.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
         || a.table.starts_with(|c: char| c.is_ascii_digit())
     {
-        return Err(format!(
-            "--table: `{}` is not a plain SQL identifier",
-            a.table
-        ));
+        return Err(format!("--table: `{}` is not a plain SQL identifier", a.table));
     }
     if matches!(a.rows, Some(0)) || matches!(a.queries, Some(0)) {
         return Err("--rows and --queries must be at least 1".into());

@@ -31,14 +31,8 @@ pub fn known(name: &str, dir: &Path) -> Result<Spec, String> {
             query: f("sift128_query.fvecs"),
             metric: Metric::L2,
             gt: vec![
-                GtFile {
-                    path: f("sift128_groundtruth_100000.ivecs"),
-                    covers: Some(100_000),
-                },
-                GtFile {
-                    path: f("sift128_groundtruth.ivecs"),
-                    covers: None,
-                },
+                GtFile { path: f("sift128_groundtruth_100000.ivecs"), covers: Some(100_000) },
+                GtFile { path: f("sift128_groundtruth.ivecs"), covers: None },
             ],
         }),
         "minilm384" => Ok(Spec {
@@ -46,14 +40,9 @@ pub fn known(name: &str, dir: &Path) -> Result<Spec, String> {
             base: f("minilm384_base.fvecs"),
             query: f("minilm384_query.fvecs"),
             metric: Metric::Cosine,
-            gt: vec![GtFile {
-                path: f("minilm384_groundtruth.ivecs"),
-                covers: None,
-            }],
+            gt: vec![GtFile { path: f("minilm384_groundtruth.ivecs"), covers: None }],
         }),
-        _ => Err(format!(
-            "unknown dataset `{name}` (known: sift128, minilm384; or use --base/--query/--metric)"
-        )),
+        _ => Err(format!("unknown dataset `{name}` (known: sift128, minilm384; or use --base/--query/--metric)")),
     }
 }
 
@@ -72,14 +61,8 @@ pub fn read_vectors(path: &Path, limit: Option<usize>) -> Result<Vectors, String
 /// Rows in an .fvecs/.bvecs file, from its size (each row: a 4-byte dimension
 /// and `dim` values).
 pub fn rows_in_file(path: &Path, dim: usize) -> Result<usize, String> {
-    let elem = if path.extension().and_then(|e| e.to_str()) == Some("bvecs") {
-        1
-    } else {
-        4
-    };
-    let len = std::fs::metadata(path)
-        .map_err(|e| format!("{}: {e}", path.display()))?
-        .len() as usize;
+    let elem = if path.extension().and_then(|e| e.to_str()) == Some("bvecs") { 1 } else { 4 };
+    let len = std::fs::metadata(path).map_err(|e| format!("{}: {e}", path.display()))?.len() as usize;
     Ok(len / (4 + dim * elem))
 }
 
@@ -108,8 +91,8 @@ pub fn ground_truth(
         .collect();
     files.sort_by_key(|(_, covers)| *covers);
     for (g, covers) in files {
-        let ids = dataset::read_ivecs(&g.path, Some(queries.len()))
-            .map_err(|e| format!("{}: {e}", g.path.display()))?;
+        let ids =
+            dataset::read_ivecs(&g.path, Some(queries.len())).map_err(|e| format!("{}: {e}", g.path.display()))?;
         if ids.len() < queries.len() {
             return Err(format!("{}: fewer rows than queries", g.path.display()));
         }
@@ -120,16 +103,7 @@ pub fn ground_truth(
                 .iter()
                 .filter(|&&i| i >= 0 && (i as usize) < rows)
                 .take(k)
-                .map(|&i| {
-                    (
-                        i as u32,
-                        recall::operator_distance(
-                            spec.metric,
-                            queries.row(q),
-                            base.row(i as usize),
-                        ),
-                    )
-                })
+                .map(|&i| (i as u32, recall::operator_distance(spec.metric, queries.row(q), base.row(i as usize))))
                 .collect();
             if kept.len() < k {
                 break;
@@ -140,18 +114,12 @@ pub fn ground_truth(
             let how = if covers == rows {
                 format!("{}", g.path.display())
             } else {
-                format!(
-                    "{} (over {covers} rows, restricted to the first {rows})",
-                    g.path.display()
-                )
+                format!("{} (over {covers} rows, restricted to the first {rows})", g.path.display())
             };
             return Ok((gt, how));
         }
     }
-    println!(
-        "computing exact ground truth by brute force ({rows} rows × {} queries)...",
-        queries.len()
-    );
+    println!("computing exact ground truth by brute force ({rows} rows × {} queries)...", queries.len());
     let gt = recall::exact_knn(&base.data, base.dim, &queries.data, k, spec.metric);
     Ok((gt, "brute force (exact)".into()))
 }

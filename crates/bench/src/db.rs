@@ -21,11 +21,7 @@ pub fn operator(metric: Metric) -> (&'static str, &'static str) {
 /// (the build's device and phase times) are printed when `echo_notices`.
 pub fn connect(a: &Args, echo_notices: bool) -> Result<Client, String> {
     let mut cfg = Config::new();
-    cfg.host(&a.host)
-        .port(a.port)
-        .dbname(&a.dbname)
-        .user(&a.user)
-        .application_name("gpu-graph-bench");
+    cfg.host(&a.host).port(a.port).dbname(&a.dbname).user(&a.user).application_name("gpu-graph-bench");
     if echo_notices {
         cfg.notice_callback(|n| println!("  {}: {}", n.severity(), n.message()));
     } else {
@@ -77,8 +73,7 @@ pub fn pg_err(e: &postgres::Error) -> String {
 }
 
 pub fn exec(c: &mut Client, sql: &str) -> Result<(), String> {
-    c.batch_execute(sql)
-        .map_err(|e| format!("{sql}: {}", pg_err(&e)))
+    c.batch_execute(sql).map_err(|e| format!("{sql}: {}", pg_err(&e)))
 }
 
 // around IF EXISTS, whose "does not exist, skipping" NOTICE is noise here
@@ -89,18 +84,20 @@ const QUIET_OFF: &str = "RESET client_min_messages;";
 /// with ids 0..n-1 in row order.
 pub fn load(c: &mut Client, table: &str, base: &Vectors) -> Result<Duration, String> {
     let t = Instant::now();
-    exec(c, &format!("{QUIET_ON} DROP TABLE IF EXISTS {table}; {QUIET_OFF} CREATE TABLE {table} (id int, embedding real[])"))?;
+    exec(
+        c,
+        &format!(
+            "{QUIET_ON} DROP TABLE IF EXISTS {table}; {QUIET_OFF} CREATE TABLE {table} (id int, embedding real[])"
+        ),
+    )?;
     let sink = c
-        .copy_in(&format!(
-            "COPY {table} (id, embedding) FROM STDIN (FORMAT binary)"
-        ))
+        .copy_in(&format!("COPY {table} (id, embedding) FROM STDIN (FORMAT binary)"))
         .map_err(|e| format!("COPY: {}", pg_err(&e)))?;
     let mut w = BinaryCopyInWriter::new(sink, &[Type::INT4, Type::FLOAT4_ARRAY]);
     for i in 0..base.len() {
         let id = i as i32;
         let v: &[f32] = base.row(i);
-        w.write(&[&id, &v])
-            .map_err(|e| format!("COPY row {i}: {}", pg_err(&e)))?;
+        w.write(&[&id, &v]).map_err(|e| format!("COPY row {i}: {}", pg_err(&e)))?;
     }
     w.finish().map_err(|e| format!("COPY: {}", pg_err(&e)))?;
     exec(c, &format!("ANALYZE {table}"))?;
@@ -130,13 +127,9 @@ pub fn build(
     options: Option<&str>,
 ) -> Result<Duration, String> {
     exec(c, "CREATE EXTENSION IF NOT EXISTS gpu_graph")?;
-    exec(
-        c,
-        &format!("{QUIET_ON} DROP INDEX IF EXISTS {index}; {QUIET_OFF}"),
-    )?;
+    exec(c, &format!("{QUIET_ON} DROP INDEX IF EXISTS {index}; {QUIET_OFF}"))?;
     let with = options.map(|o| format!(" WITH ({o})")).unwrap_or_default();
-    let sql =
-        format!("CREATE INDEX {index} ON {table} USING gpu_graph (embedding {opclass}){with}");
+    let sql = format!("CREATE INDEX {index} ON {table} USING gpu_graph (embedding {opclass}){with}");
     println!("{sql}");
     let t = Instant::now();
     exec(c, &sql)?;
@@ -173,17 +166,12 @@ pub type Answer = Vec<(i32, f64)>;
 /// One query: its answer and its latency.
 pub fn run_query(c: &mut Client, st: &Statement, q: &[f32]) -> Result<(Answer, Duration), String> {
     let t = Instant::now();
-    let rows = c
-        .query(st, &[&q])
-        .map_err(|e| format!("query: {}", pg_err(&e)))?;
+    let rows = c.query(st, &[&q]).map_err(|e| format!("query: {}", pg_err(&e)))?;
     let dt = t.elapsed();
     let out = rows
         .iter()
         .map(|r| {
-            let d: Option<f64> = r
-                .try_get::<_, f64>(1)
-                .ok()
-                .or_else(|| r.try_get::<_, f32>(1).ok().map(f64::from));
+            let d: Option<f64> = r.try_get::<_, f64>(1).ok().or_else(|| r.try_get::<_, f32>(1).ok().map(f64::from));
             (r.get::<_, i32>(0), d.unwrap_or(f64::NAN))
         })
         .collect();
@@ -192,9 +180,7 @@ pub fn run_query(c: &mut Client, st: &Statement, q: &[f32]) -> Result<(Answer, D
 
 /// The plan of one k-NN query, for a line saying whether the index serves it.
 pub fn explain(c: &mut Client, sql: &str, q: &[f32]) -> Result<Vec<String>, String> {
-    let rows = c
-        .query(&format!("EXPLAIN (COSTS OFF) {sql}"), &[&q])
-        .map_err(|e| format!("EXPLAIN: {}", pg_err(&e)))?;
+    let rows = c.query(&format!("EXPLAIN (COSTS OFF) {sql}"), &[&q]).map_err(|e| format!("EXPLAIN: {}", pg_err(&e)))?;
     Ok(rows.iter().map(|r| r.get::<_, String>(0)).collect())
 }
 
@@ -205,7 +191,12 @@ pub fn in_deleted_share(id: usize, f: f64) -> bool {
 }
 
 /// Deletes that share of the rows and VACUUMs; returns the deleted ids.
-pub fn delete_share(c: &mut Client, table: &str, f: f64, rows: usize) -> Result<std::collections::HashSet<i32>, String> {
+pub fn delete_share(
+    c: &mut Client,
+    table: &str,
+    f: f64,
+    rows: usize,
+) -> Result<std::collections::HashSet<i32>, String> {
     let cut = (f * 1_000_000.0) as i64;
     // two statements: a multi-statement string runs as one transaction,
     // where VACUUM is not allowed

@@ -53,21 +53,11 @@ fn run(a: &Args) -> Result<(), String> {
     let mut spec = match (&a.dataset, &a.base) {
         (Some(name), _) => data::known(name, &a.data_dir)?,
         (None, Some(base)) => data::Spec {
-            name: base
-                .file_stem()
-                .map(|s| s.to_string_lossy().into_owned())
-                .unwrap_or_default(),
+            name: base.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default(),
             base: base.clone(),
             query: a.query.clone().expect("checked by args"),
             metric: a.metric.expect("checked by args"),
-            gt: a
-                .gt
-                .iter()
-                .map(|p| data::GtFile {
-                    path: p.clone(),
-                    covers: None,
-                })
-                .collect(),
+            gt: a.gt.iter().map(|p| data::GtFile { path: p.clone(), covers: None }).collect(),
         },
         (None, None) => unreachable!("checked by args"),
     };
@@ -86,19 +76,12 @@ fn run(a: &Args) -> Result<(), String> {
     let base_rows_in_file = data::rows_in_file(&spec.base, base.dim)?;
     if let Some(r) = a.rows {
         if r > base.len() {
-            return Err(format!(
-                "--rows {r}: {} holds only {} rows",
-                spec.base.display(),
-                base.len()
-            ));
+            return Err(format!("--rows {r}: {} holds only {} rows", spec.base.display(), base.len()));
         }
     }
     let queries = data::read_vectors(&spec.query, a.queries)?;
     if queries.dim != base.dim {
-        return Err(format!(
-            "queries have {} dimensions, base rows {}",
-            queries.dim, base.dim
-        ));
+        return Err(format!("queries have {} dimensions, base rows {}", queries.dim, base.dim));
     }
     println!(
         "gpu-graph-bench: {}, {} rows x {} dims, {} ({opclass}, {op}), {} queries, recall@{}, {} client{}",
@@ -118,33 +101,19 @@ fn run(a: &Args) -> Result<(), String> {
     if a.skip_load {
         let n = db::count_rows(&mut c, &a.table)?;
         if n != base.len() {
-            return Err(format!(
-                "--skip-load: table {} holds {n} rows, expected {}",
-                a.table,
-                base.len()
-            ));
+            return Err(format!("--skip-load: table {} holds {n} rows, expected {}", a.table, base.len()));
         }
         println!("load: skipped (table {} holds {n} rows)", a.table);
     } else {
         let t = db::load(&mut c, &a.table, &base)?;
         let size = db::relation_size(&mut c, &a.table)?;
-        println!(
-            "load (COPY + ANALYZE): {:.2} s, table {}",
-            t.as_secs_f64(),
-            mib(size)
-        );
+        println!("load (COPY + ANALYZE): {:.2} s, table {}", t.as_secs_f64(), mib(size));
     }
     let build_s = if a.skip_build {
         println!("build: skipped (reusing {index})");
         None
     } else {
-        let t = db::build(
-            &mut c,
-            &a.table,
-            &index,
-            opclass,
-            a.index_options.as_deref(),
-        )?;
+        let t = db::build(&mut c, &a.table, &index, opclass, a.index_options.as_deref())?;
         Some(t.as_secs_f64())
     };
     let index_bytes = db::relation_size(&mut c, &index)?;
@@ -172,9 +141,7 @@ fn run(a: &Args) -> Result<(), String> {
 
     let sql = db::knn_sql(&a.table, op, a.k);
     let plan = db::explain(&mut c, &sql, queries.row(0))?;
-    let uses_index = plan
-        .iter()
-        .any(|l| l.contains(&format!("Index Scan using {index}")));
+    let uses_index = plan.iter().any(|l| l.contains(&format!("Index Scan using {index}")));
     // the plan nodes only: their detail lines repeat the whole query vector
     let nodes: Vec<&str> = plan
         .iter()
@@ -188,9 +155,7 @@ fn run(a: &Args) -> Result<(), String> {
     }
     drop(c);
 
-    let mut clients: Vec<postgres::Client> = (0..a.clients)
-        .map(|_| db::connect(a, false))
-        .collect::<Result<_, _>>()?;
+    let mut clients: Vec<postgres::Client> = (0..a.clients).map(|_| db::connect(a, false)).collect::<Result<_, _>>()?;
     let mut points = Vec::new();
     let mut last_answers = Vec::new();
     println!();
@@ -221,17 +186,8 @@ fn run(a: &Args) -> Result<(), String> {
     print_examples(a, &gt, &last_answers);
 
     if let Some(path) = &a.csv {
-        write_csv(
-            path,
-            a,
-            &spec.name,
-            &base,
-            metric,
-            build_s,
-            index_bytes,
-            &points,
-        )
-        .map_err(|e| format!("{}: {e}", path.display()))?;
+        write_csv(path, a, &spec.name, &base, metric, build_s, index_bytes, &points)
+            .map_err(|e| format!("{}: {e}", path.display()))?;
         println!("\nwrote {}", path.display());
     }
     Ok(())
@@ -291,10 +247,7 @@ fn sweep_point(
                 })
             })
             .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().expect("client thread panicked"))
-            .collect()
+        handles.into_iter().map(|h| h.join().expect("client thread panicked")).collect()
     });
     let wall = start.elapsed();
 
@@ -333,9 +286,7 @@ fn sweep_point(
     }
 
     latencies.sort_by(|x, y| x.total_cmp(y));
-    let pct = |p: f64| {
-        latencies[((p * latencies.len() as f64).ceil() as usize).clamp(1, latencies.len()) - 1]
-    };
+    let pct = |p: f64| latencies[((p * latencies.len() as f64).ceil() as usize).clamp(1, latencies.len()) - 1];
     let point = Point {
         ef: ef_label,
         recall: recall_sum / nq as f64,
@@ -350,14 +301,7 @@ fn sweep_point(
 /// Tie-aware recall@k of one answer (`recall::recall_at_k` over the
 /// distances recomputed from the vectors). A row returned twice or an id that
 /// is not a loaded row fills a slot without counting.
-fn recall_of(
-    metric: Metric,
-    base: &Vectors,
-    q: &[f32],
-    gt: &[(u32, f64)],
-    ids: &[i32],
-    k: usize,
-) -> f64 {
+fn recall_of(metric: Metric, base: &Vectors, q: &[f32], gt: &[(u32, f64)], ids: &[i32], k: usize) -> f64 {
     let mut seen = std::collections::HashSet::new();
     let dists: Vec<f64> = ids
         .iter()
@@ -376,19 +320,10 @@ fn recall_of(
 /// The answers of the first --examples queries beside the exact ones.
 fn print_examples(a: &Args, gt: &[Truth], answers: &[Answer]) {
     for qi in 0..a.examples.min(answers.len()) {
-        println!(
-            "\nquery {qi}: returned (id: distance)            exact top {}",
-            a.k
-        );
+        println!("\nquery {qi}: returned (id: distance)            exact top {}", a.k);
         for r in 0..a.k {
-            let got = answers[qi]
-                .get(r)
-                .map(|(id, d)| format!("{id:>8}: {d:<12.4}"))
-                .unwrap_or_default();
-            let want = gt[qi]
-                .get(r)
-                .map(|&(id, d)| format!("{id:>8}: {d:.4}"))
-                .unwrap_or_default();
+            let got = answers[qi].get(r).map(|(id, d)| format!("{id:>8}: {d:<12.4}")).unwrap_or_default();
+            let want = gt[qi].get(r).map(|&(id, d)| format!("{id:>8}: {d:.4}")).unwrap_or_default();
             println!("  {got:<30}  {want}");
         }
     }
@@ -412,11 +347,7 @@ fn write_csv(
     let mut f = std::io::BufWriter::new(std::fs::File::create(path)?);
     // index_options last: it is the one field that may hold commas (quoted)
     writeln!(f, "dataset,rows,dims,metric,clients,k,build_s,index_bytes,ef_search,recall,qps,mean_ms,p50_ms,p99_ms,index_options")?;
-    let opts = a
-        .index_options
-        .as_deref()
-        .unwrap_or("")
-        .replace('"', "\"\"");
+    let opts = a.index_options.as_deref().unwrap_or("").replace('"', "\"\"");
     for p in points {
         writeln!(
             f,
@@ -445,25 +376,13 @@ mod tests {
     #[test]
     fn recall_counts_ties_and_ignores_duplicates() {
         // 1-d points 0, 1, 1, 2, 3; query at 0; k = 3: true 3rd neighbour at distance 1
-        let base = Vectors {
-            data: vec![0.0, 1.0, 1.0, 2.0, 3.0],
-            dim: 1,
-        };
+        let base = Vectors { data: vec![0.0, 1.0, 1.0, 2.0, 3.0], dim: 1 };
         let q = [0.0f32];
         let gt = [(0u32, 0.0), (1, 1.0), (2, 1.0)];
         assert_eq!(recall_of(Metric::L2, &base, &q, &gt, &[0, 2, 1], 3), 1.0);
-        assert_eq!(
-            recall_of(Metric::L2, &base, &q, &gt, &[0, 1, 1], 3),
-            2.0 / 3.0
-        );
-        assert_eq!(
-            recall_of(Metric::L2, &base, &q, &gt, &[0, 3, 4], 3),
-            1.0 / 3.0
-        );
-        assert_eq!(
-            recall_of(Metric::L2, &base, &q, &gt, &[0, 99, -1], 3),
-            1.0 / 3.0
-        );
+        assert_eq!(recall_of(Metric::L2, &base, &q, &gt, &[0, 1, 1], 3), 2.0 / 3.0);
+        assert_eq!(recall_of(Metric::L2, &base, &q, &gt, &[0, 3, 4], 3), 1.0 / 3.0);
+        assert_eq!(recall_of(Metric::L2, &base, &q, &gt, &[0, 99, -1], 3), 1.0 / 3.0);
         assert_eq!(recall_of(Metric::L2, &base, &q, &gt, &[], 3), 0.0);
     }
 }

@@ -52,7 +52,8 @@ fn main() {
         let cpu = cpu_seconds() - cpu0;
         let avg_deg = (0..g.len() as u32).map(|u| g.neighbors(u).count()).sum::<usize>() as f64 / g.len() as f64;
         let store = MemoryStore::from_graph(&g, stored.clone(), base.dim, (0..base.len() as u64).collect());
-        let mut line = format!("{}\t{}\t{}\t{}\t{}\t{:.2}\t{:.2}\t{:.1}", p.s, p.r, p.t1, p.t2, p.rho, secs, cpu, avg_deg);
+        let mut line =
+            format!("{}\t{}\t{}\t{}\t{}\t{:.2}\t{:.2}\t{:.1}", p.s, p.r, p.t1, p.t2, p.rho, secs, cpu, avg_deg);
         let mut qps = 0.0;
         for ef in [10, 20, 40, 80] {
             let t = Instant::now();

@@ -39,7 +39,10 @@ pub fn read_vectors(path: &Path, limit: Option<usize>) -> io::Result<Matrix<f32>
     match path.extension().and_then(|e| e.to_str()) {
         Some("bvecs") => read_bvecs(path, limit),
         Some("fvecs") => read_fvecs(path, limit),
-        _ => Err(io::Error::new(ErrorKind::InvalidInput, format!("{}: expected a .fvecs or .bvecs file", path.display()))),
+        _ => Err(io::Error::new(
+            ErrorKind::InvalidInput,
+            format!("{}: expected a .fvecs or .bvecs file", path.display()),
+        )),
     }
 }
 

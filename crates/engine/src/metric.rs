@@ -88,7 +88,11 @@ impl Metric {
             Metric::L2 => q.to_vec(),
             Metric::Cosine => {
                 let n = dot(q, q).sqrt();
-                if n > 0.0 { q.iter().map(|x| x / n).collect() } else { q.to_vec() }
+                if n > 0.0 {
+                    q.iter().map(|x| x / n).collect()
+                } else {
+                    q.to_vec()
+                }
             }
             Metric::InnerProduct => {
                 let mut v = q.to_vec();

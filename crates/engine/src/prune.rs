@@ -25,9 +25,7 @@ pub fn rng_prune(cands: &[(u32, f32)], vectors: &[f32], stored_dim: usize, degre
         if kept.len() >= degree {
             break;
         }
-        let occluded = kept
-            .iter()
-            .any(|&k| occludes(cands[k].1, dist, || graph_distance(row(i), row(k))));
+        let occluded = kept.iter().any(|&k| occludes(cands[k].1, dist, || graph_distance(row(i), row(k))));
         if !occluded {
             kept.push(i);
         }

@@ -5,8 +5,8 @@
 
 use rayon::prelude::*;
 
-use crate::distance::{cosine_distance, l2_distance, negative_inner_product};
 use crate::dataset::Matrix;
+use crate::distance::{cosine_distance, l2_distance, negative_inner_product};
 use crate::metric::Metric;
 
 /// The SQL operator of `metric` (`<->`, `<=>`, `<#>`) on raw vectors.
@@ -24,11 +24,8 @@ pub fn exact_knn(base: &[f32], dim: usize, queries: &[f32], k: usize, metric: Me
     queries
         .par_chunks_exact(dim)
         .map(|q| {
-            let mut all: Vec<(f64, u32)> = base
-                .chunks_exact(dim)
-                .enumerate()
-                .map(|(i, x)| (operator_distance(metric, q, x), i as u32))
-                .collect();
+            let mut all: Vec<(f64, u32)> =
+                base.chunks_exact(dim).enumerate().map(|(i, x)| (operator_distance(metric, q, x), i as u32)).collect();
             let cmp = |a: &(f64, u32), b: &(f64, u32)| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1));
             let k = k.min(all.len());
             if k < all.len() {
@@ -70,7 +67,11 @@ pub fn mean_recall(found: &[Vec<f64>], truth: &[Vec<(u32, f64)>], k: usize) -> f
         .zip(truth)
         .map(|(f, t)| {
             let k = k.min(t.len());
-            if k == 0 { 1.0 } else { recall_at_k(f, t[k - 1].1, k) }
+            if k == 0 {
+                1.0
+            } else {
+                recall_at_k(f, t[k - 1].1, k)
+            }
         })
         .sum();
     sum / found.len() as f64
@@ -106,7 +107,13 @@ mod tests {
 
 /// Ground truth from a file's ids (one row of ids per query): the first `k`
 /// ids of each row with their operator distances, as [`exact_knn`] returns.
-pub fn truth_from_ids(base: &Matrix<f32>, queries: &Matrix<f32>, ids: &Matrix<i32>, k: usize, metric: Metric) -> Vec<Vec<(u32, f64)>> {
+pub fn truth_from_ids(
+    base: &Matrix<f32>,
+    queries: &Matrix<f32>,
+    ids: &Matrix<i32>,
+    k: usize,
+    metric: Metric,
+) -> Vec<Vec<(u32, f64)>> {
     (0..queries.len())
         .map(|q| {
             ids.row(q)

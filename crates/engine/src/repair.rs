@@ -69,8 +69,11 @@ fn rebuild<G: GraphMut>(store: &G, v: u32, dead: &IdSet) -> bool {
             _ => return false,
         }
         let ids = candidates(store, v, &current, dead);
-        let list: Vec<u32> =
-            Candidates::collect(store, &own, ids).prune(CANDIDATE_FACTOR * degree, degree).iter().map(|k| k.0).collect();
+        let list: Vec<u32> = Candidates::collect(store, &own, ids)
+            .prune(CANDIDATE_FACTOR * degree, degree)
+            .iter()
+            .map(|k| k.0)
+            .collect();
         let mut changed = false;
         store.update_neighbors(v, &mut |l| {
             if *l != current {
@@ -106,7 +109,11 @@ fn candidates<G: GraphView>(store: &G, v: u32, list: &[u32], dead: &IdSet) -> Ve
     let mut buf = Vec::new();
     for &u in list {
         if seen.insert(u) {
-            if dead.contains(&u) { frontier.push(u) } else { out.push(u) }
+            if dead.contains(&u) {
+                frontier.push(u)
+            } else {
+                out.push(u)
+            }
         }
     }
     for _ in 0..CHAIN_STEPS {
@@ -114,7 +121,11 @@ fn candidates<G: GraphView>(store: &G, v: u32, list: &[u32], dead: &IdSet) -> Ve
             store.neighbors(d, &mut buf);
             for &w in &buf {
                 if seen.insert(w) {
-                    if dead.contains(&w) { next.push(w) } else { out.push(w) }
+                    if dead.contains(&w) {
+                        next.push(w)
+                    } else {
+                        out.push(w)
+                    }
                 }
             }
         }
@@ -149,7 +160,9 @@ fn move_entry<G: GraphMut>(store: &G, dead: &IdSet) {
             let best = near
                 .iter()
                 .filter(|u| !dead.contains(u) && **u != e)
-                .filter_map(|&u| store.visit(u, |x| graph_distance(&own, x)).filter(|s| !s.deleted).map(|s| (s.dist, u)))
+                .filter_map(|&u| {
+                    store.visit(u, |x| graph_distance(&own, x)).filter(|s| !s.deleted).map(|s| (s.dist, u))
+                })
                 .min_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
             if let Some((_, u)) = best {
                 store.set_entry(Some(u));
@@ -157,7 +170,7 @@ fn move_entry<G: GraphMut>(store: &G, dead: &IdSet) {
             }
         }
     }
-    let any = (0..store.node_count())
-        .find(|&u| !dead.contains(&u) && store.visit(u, |_| 0.0).is_some_and(|s| !s.deleted));
+    let any =
+        (0..store.node_count()).find(|&u| !dead.contains(&u) && store.visit(u, |_| 0.0).is_some_and(|s| !s.deleted));
     store.set_entry(any);
 }

@@ -323,7 +323,8 @@ mod tests {
         for u in 0..400u32 {
             let l: Vec<u32> = g.neighbors(u).collect();
             assert!(!l.is_empty() && l.len() <= 8 && !l.contains(&u));
-            let d: Vec<f32> = l.iter().map(|&x| graph_distance(&v[u as usize * 2..][..2], &v[x as usize * 2..][..2])).collect();
+            let d: Vec<f32> =
+                l.iter().map(|&x| graph_distance(&v[u as usize * 2..][..2], &v[x as usize * 2..][..2])).collect();
             assert!(d.windows(2).all(|w| w[0] <= w[1]), "node {u}: {d:?}");
             // on a grid the nearest point is one step away; the descent is
             // approximate, so allow a few nodes that never met theirs

@@ -168,11 +168,8 @@ impl Search {
             self.sweep(store);
             return self.next_round(store, ef);
         }
-        let mut out: Vec<Hit> = beam
-            .into_vec()
-            .into_iter()
-            .map(|c| Hit { dist: c.dist, node: c.node, payload: c.payload })
-            .collect();
+        let mut out: Vec<Hit> =
+            beam.into_vec().into_iter().map(|c| Hit { dist: c.dist, node: c.node, payload: c.payload }).collect();
         out.sort_by(|a, b| a.dist.total_cmp(&b.dist).then(a.node.cmp(&b.node)));
         out
     }

@@ -16,7 +16,12 @@ const ADDED: usize = 5_000;
 const EF_CONSTRUCTION: usize = 64;
 
 /// Recall over all rows, and every inserted row found by a search for itself.
-fn check(store: &MemoryStore, base: &gpu_graph_engine::dataset::Matrix<f32>, queries: &gpu_graph_engine::dataset::Matrix<f32>, ids: &[u32]) {
+fn check(
+    store: &MemoryStore,
+    base: &gpu_graph_engine::dataset::Matrix<f32>,
+    queries: &gpu_graph_engine::dataset::Matrix<f32>,
+    ids: &[u32],
+) {
     assert_eq!(store.node_count() as usize, BUILT + ADDED);
     let kth = kth_exact(Metric::L2, &base.data, base.dim, queries);
     let r = recall(store, Metric::L2, base, queries, &kth, 40);
@@ -39,7 +44,8 @@ fn insert_one_by_one() {
     let (all, queries) = sift(BUILT + ADDED);
     let built = gpu_graph_engine::dataset::Matrix { dim: all.dim, data: all.data[..BUILT * all.dim].to_vec() };
     let store = build_store(Metric::L2, &built, &BuildParams::default());
-    let ids: Vec<u32> = (BUILT..BUILT + ADDED).map(|row| insert(&store, all.row(row), row as u64, EF_CONSTRUCTION)).collect();
+    let ids: Vec<u32> =
+        (BUILT..BUILT + ADDED).map(|row| insert(&store, all.row(row), row as u64, EF_CONSTRUCTION)).collect();
     assert_eq!(ids, (BUILT as u32..(BUILT + ADDED) as u32).collect::<Vec<_>>());
     check(&store, &all, &queries, &ids);
 }

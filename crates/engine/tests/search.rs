@@ -63,7 +63,8 @@ fn unreachable_nodes_are_swept() {
     // a graph whose second half has no edges in or out
     let v = points();
     let half = N / 2;
-    let g = build(&v[..half * DIM], DIM, &BuildParams { degree: 8, ..BuildParams::default() }, &mut |_, _| true).unwrap();
+    let g =
+        build(&v[..half * DIM], DIM, &BuildParams { degree: 8, ..BuildParams::default() }, &mut |_, _| true).unwrap();
     let mut adjacency = g.adjacency.clone();
     adjacency.resize(N * 8, NO_NODE);
     let g = Graph { degree: 8, adjacency, entry: g.entry };

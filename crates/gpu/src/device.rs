@@ -54,16 +54,10 @@ impl Gpu {
         guard("opening the GPU", || {
             use cudarc::driver::result;
             result::init().map_err(|e| {
-                let name = e
-                    .error_name()
-                    .map(|s| s.to_string_lossy().into_owned())
-                    .unwrap_or_default();
+                let name = e.error_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
                 match name.as_str() {
                     "CUDA_ERROR_NO_DEVICE" => GpuError::NoDevice(format!("cuInit: {name}")),
-                    _ => GpuError::NoDriver(format!(
-                        "cuInit failed: {name} (libcuda: {})",
-                        libcuda.display()
-                    )),
+                    _ => GpuError::NoDriver(format!("cuInit failed: {name} (libcuda: {})", libcuda.display())),
                 }
             })?;
             let count = result::device::get_count().map_err(|e| cuda("cuDeviceGetCount", e))?;
@@ -71,18 +65,14 @@ impl Gpu {
                 return Err(GpuError::NoDevice("the driver sees no CUDA device".into()));
             }
             if ordinal >= count as usize {
-                return Err(GpuError::NoDevice(format!(
-                    "device {ordinal} asked for, {count} present"
-                )));
+                return Err(GpuError::NoDevice(format!("device {ordinal} asked for, {count} present")));
             }
             let mut driver_version = 0;
             unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut driver_version) };
             let ctx = CudaContext::new(ordinal).map_err(|e| cuda("creating a CUDA context", e))?;
             // one stream, used in order: cudarc's per-slice events are not needed
             unsafe { ctx.disable_event_tracking() };
-            let cc = ctx
-                .compute_capability()
-                .map_err(|e| cuda("compute capability", e))?;
+            let cc = ctx.compute_capability().map_err(|e| cuda("compute capability", e))?;
             let sm_count = ctx
                 .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
                 .map_err(|e| cuda("SM count", e))? as u32;
@@ -107,14 +97,7 @@ impl Gpu {
             let t0 = std::time::Instant::now();
             let grnnd = load_module(&ctx, &nvrtc::RNN_DESCENT, &info.target, &[])?;
             let compile_ms = t0.elapsed().as_secs_f64() * 1e3;
-            Ok(Gpu {
-                ctx,
-                stream,
-                info,
-                grnnd,
-                knn: [OnceLock::new(), OnceLock::new()],
-                compile_ms,
-            })
+            Ok(Gpu { ctx, stream, info, grnnd, knn: [OnceLock::new(), OnceLock::new()], compile_ms })
         })
     }
 
@@ -133,11 +116,7 @@ impl Gpu {
         // keep 5% and 256 MiB for the context, the modules and fragmentation
         let usable = free.saturating_sub(free / 20).saturating_sub(256 << 20);
         if bytes > usable {
-            return Err(GpuError::OutOfMemory {
-                needed: bytes,
-                free,
-                what: what.into(),
-            });
+            return Err(GpuError::OutOfMemory { needed: bytes, free, what: what.into() });
         }
         Ok(())
     }
@@ -149,12 +128,7 @@ impl Gpu {
         let i = if lpl == 2 { 1 } else { 0 };
         self.knn[i]
             .get_or_init(|| {
-                load_module(
-                    &self.ctx,
-                    &nvrtc::KNN_EXACT,
-                    &self.info.target,
-                    &[format!("-DKNN_LPL={}", i + 1)],
-                )
+                load_module(&self.ctx, &nvrtc::KNN_EXACT, &self.info.target, &[format!("-DKNN_LPL={}", i + 1)])
             })
             .clone()
     }
@@ -170,19 +144,15 @@ fn load_module(
     let ptx = match target {
         Target::Cubin(_) => Ptx::from_binary(c.image.clone()),
         Target::Ptx(_) => {
-            let s = String::from_utf8_lossy(&c.image)
-                .trim_end_matches('\0')
-                .to_string();
+            let s = String::from_utf8_lossy(&c.image).trim_end_matches('\0').to_string();
             Ptx::from_src(s)
         }
     };
-    ctx.load_module(ptx)
-        .map_err(|e| cuda(&format!("loading {}", k.name), e))
+    ctx.load_module(ptx).map_err(|e| cuda(&format!("loading {}", k.name), e))
 }
 
 pub(crate) fn function(m: &Arc<CudaModule>, name: &str) -> Result<CudaFunction, GpuError> {
-    m.load_function(name)
-        .map_err(|e| cuda(&format!("kernel {name}"), e))
+    m.load_function(name).map_err(|e| cuda(&format!("kernel {name}"), e))
 }
 
 #[cfg(test)]
@@ -199,10 +169,7 @@ mod tests {
                 let msg = e.to_string();
                 assert!(!msg.is_empty());
                 assert!(
-                    matches!(
-                        e,
-                        GpuError::NoDriver(_) | GpuError::NoDevice(_) | GpuError::NvrtcMissing(_)
-                    ),
+                    matches!(e, GpuError::NoDriver(_) | GpuError::NoDevice(_) | GpuError::NvrtcMissing(_)),
                     "{msg}"
                 );
             }

@@ -15,11 +15,7 @@ pub enum GpuError {
     /// NVRTC rejected a kernel: the file and the compiler's log.
     Compile { kernel: String, log: String },
     /// Too little free GPU memory for this build.
-    OutOfMemory {
-        needed: usize,
-        free: usize,
-        what: String,
-    },
+    OutOfMemory { needed: usize, free: usize, what: String },
     /// The caller's cancel callback asked to stop (query cancel).
     Cancelled,
     /// The input cannot be built on the GPU (too many rows, a pool too large).
@@ -39,9 +35,7 @@ impl fmt::Display for GpuError {
             GpuError::Compile { kernel, log } => {
                 write!(f, "NVRTC could not compile {kernel}: {}", log.trim())
             }
-            GpuError::OutOfMemory {
-                needed: 0, what, ..
-            } => write!(f, "too little GPU memory for {what}"),
+            GpuError::OutOfMemory { needed: 0, what, .. } => write!(f, "too little GPU memory for {what}"),
             GpuError::OutOfMemory { needed, free, what } => write!(
                 f,
                 "too little GPU memory for {what}: {} MiB needed, {} MiB free",
@@ -60,16 +54,11 @@ impl std::error::Error for GpuError {}
 /// A driver call's error, with the driver's own name for it.
 pub(crate) fn cuda(what: &str, e: cudarc::driver::DriverError) -> GpuError {
     use cudarc::driver::sys::CUresult;
-    let name = e
-        .error_name()
-        .map(|s| s.to_string_lossy().into_owned())
-        .unwrap_or_else(|_| format!("{:?}", e.0));
+    let name = e.error_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|_| format!("{:?}", e.0));
     match e.0 {
-        CUresult::CUDA_ERROR_OUT_OF_MEMORY => GpuError::OutOfMemory {
-            needed: 0,
-            free: 0,
-            what: format!("{what} ({name})"),
-        },
+        CUresult::CUDA_ERROR_OUT_OF_MEMORY => {
+            GpuError::OutOfMemory { needed: 0, free: 0, what: format!("{what} ({name})") }
+        }
         _ => GpuError::Cuda(format!("{what}: {name}")),
     }
 }

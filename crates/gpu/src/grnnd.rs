@@ -163,15 +163,7 @@ pub fn build(
     knn: KnnInit,
     cancel: &dyn Fn() -> bool,
 ) -> Result<(Graph, PhaseTimes), GpuError> {
-    build_with(
-        gpu,
-        vectors,
-        stored_dim,
-        params,
-        knn,
-        &GpuOptions::default(),
-        cancel,
-    )
+    build_with(gpu, vectors, stored_dim, params, knn, &GpuOptions::default(), cancel)
 }
 
 pub fn build_with(
@@ -183,9 +175,7 @@ pub fn build_with(
     opts: &GpuOptions,
     cancel: &dyn Fn() -> bool,
 ) -> Result<(Graph, PhaseTimes), GpuError> {
-    let r = guard("GPU build", || {
-        build_inner(gpu, vectors, stored_dim, params, knn, opts, cancel)
-    });
+    let r = guard("GPU build", || build_inner(gpu, vectors, stored_dim, params, knn, opts, cancel));
     // whatever happened, leave no work queued behind freed buffers
     let _ = gpu.stream.synchronize();
     r
@@ -206,20 +196,14 @@ fn build_inner(
     if n < 2 || degree == 0 {
         // nothing to refine: no edges
         let t = Instant::now();
-        let g = Graph {
-            degree,
-            adjacency: vec![NO_NODE; n * degree],
-            entry: medoid(vectors, dim),
-        };
+        let g = Graph { degree, adjacency: vec![NO_NODE; n * degree], entry: medoid(vectors, dim) };
         times.entry_ms = t.elapsed().as_secs_f64() * 1e3;
         return Ok((g, times));
     }
     // as the CPU path: a pool never holds fewer than the final degree
     let r = params.r.max(degree);
     if r > 1024 {
-        return Err(GpuError::Unsupported(format!(
-            "pool capacity r = {r} (at most 1024 on the GPU)"
-        )));
+        return Err(GpuError::Unsupported(format!("pool capacity r = {r} (at most 1024 on the GPU)")));
     }
     // On a second thread, while the GPU works: the medoid, and the output
     // buffer with every page touched (a fresh 128 MB buffer costs ~80 ms of
@@ -233,15 +217,8 @@ fn build_inner(
             (entry, adj, t.elapsed().as_secs_f64() * 1e3)
         });
         let mut host = Some(host);
-        let mut take = || {
-            host.take()
-                .expect("taken once")
-                .join()
-                .expect("the host thread panicked")
-        };
-        device_build(
-            gpu, vectors, dim, params, knn_init, opts, cancel, times, &mut take,
-        )
+        let mut take = || host.take().expect("taken once").join().expect("the host thread panicked");
+        device_build(gpu, vectors, dim, params, knn_init, opts, cancel, times, &mut take)
     })
 }
 
@@ -313,16 +290,10 @@ fn device_build(
     }
 
     let alloc = |what: &str, e| cuda(&format!("allocating {what}"), e);
-    let mut pool_a: CudaSlice<u64> =
-        unsafe { st.alloc(n * r) }.map_err(|e| alloc("the pools", e))?;
-    let mut pool_b: CudaSlice<u64> =
-        unsafe { st.alloc(n * r) }.map_err(|e| alloc("the pools", e))?;
-    let mut cnt_a: CudaSlice<u32> = st
-        .alloc_zeros(n)
-        .map_err(|e| alloc("the pool counters", e))?;
-    let mut cnt_b: CudaSlice<u32> = st
-        .alloc_zeros(n)
-        .map_err(|e| alloc("the pool counters", e))?;
+    let mut pool_a: CudaSlice<u64> = unsafe { st.alloc(n * r) }.map_err(|e| alloc("the pools", e))?;
+    let mut pool_b: CudaSlice<u64> = unsafe { st.alloc(n * r) }.map_err(|e| alloc("the pools", e))?;
+    let mut cnt_a: CudaSlice<u32> = st.alloc_zeros(n).map_err(|e| alloc("the pool counters", e))?;
+    let mut cnt_b: CudaSlice<u32> = st.alloc_zeros(n).map_err(|e| alloc("the pool counters", e))?;
     let mut stats: CudaSlice<u64> = st.alloc_zeros(4).map_err(|e| alloc("statistics", e))?;
 
     let (n32, dp32, r32) = (n as u32, dv.dp as u32, r as u32);
@@ -360,29 +331,13 @@ fn device_build(
     let mut half32 = 0u32;
     let mut xh: Option<CudaSlice<u16>> = None;
     if opts.half_when_exact {
-        let mut h: CudaSlice<u16> =
-            unsafe { st.alloc(n * dv.dp) }.map_err(|e| alloc("the fp16 vectors", e))?;
+        let mut h: CudaSlice<u16> = unsafe { st.alloc(n * dv.dp) }.map_err(|e| alloc("the fp16 vectors", e))?;
         let mut lossy: CudaSlice<u32> = st.alloc_zeros(1).map_err(|e| alloc("a flag", e))?;
         let count = (n * dv.dp) as u64;
-        let c = LaunchConfig {
-            grid_dim: (2048, 1, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        unsafe {
-            st.launch_builder(&f_to_half)
-                .arg(&dv.x)
-                .arg(&count)
-                .arg(&mut h)
-                .arg(&mut lossy)
-                .launch(c)
-        }
-        .map_err(|e| cuda("grnnd_to_half", e))?;
-        if st
-            .clone_dtoh(&lossy)
-            .map_err(|e| cuda("grnnd_to_half", e))?[0]
-            == 0
-        {
+        let c = LaunchConfig { grid_dim: (2048, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        unsafe { st.launch_builder(&f_to_half).arg(&dv.x).arg(&count).arg(&mut h).arg(&mut lossy).launch(c) }
+            .map_err(|e| cuda("grnnd_to_half", e))?;
+        if st.clone_dtoh(&lossy).map_err(|e| cuda("grnnd_to_half", e))?[0] == 0 {
             half32 = 1;
             xh = Some(h);
         }
@@ -430,10 +385,8 @@ fn device_build(
                 cudarc::driver::result::memset_d8_async(p, 0xFF, n * r * 8, st.cu_stream())
                     .map_err(|e| cuda("clearing a pool buffer", e))?;
             }
-            st.memset_zeros(&mut cnt_b)
-                .map_err(|e| cuda("clearing the counters", e))?;
-            st.memset_zeros(&mut stats)
-                .map_err(|e| cuda("clearing the statistics", e))?;
+            st.memset_zeros(&mut cnt_b).map_err(|e| cuda("clearing the counters", e))?;
+            st.memset_zeros(&mut stats).map_err(|e| cuda("clearing the statistics", e))?;
             unsafe {
                 st.launch_builder(&f_update)
                     .arg(&xptr)
@@ -477,10 +430,8 @@ fn device_build(
         if outer + 1 < params.t1 {
             // reverse edges: the other buffer starts as a copy of the
             // snapshot, which the kernel reads
-            st.memcpy_dtod(&pool_a, &mut pool_b)
-                .map_err(|e| cuda("copying the pools", e))?;
-            st.memcpy_dtod(&cnt_a, &mut cnt_b)
-                .map_err(|e| cuda("copying the counters", e))?;
+            st.memcpy_dtod(&pool_a, &mut pool_b).map_err(|e| cuda("copying the pools", e))?;
+            st.memcpy_dtod(&cnt_a, &mut cnt_b).map_err(|e| cuda("copying the counters", e))?;
             unsafe {
                 st.launch_builder(&f_reverse)
                     .arg(&pool_a)
@@ -510,19 +461,10 @@ fn device_build(
 
     // the final cut, on the device
     let t = Instant::now();
-    let mut adj: CudaSlice<u32> =
-        unsafe { st.alloc(n * degree) }.map_err(|e| alloc("the adjacency", e))?;
+    let mut adj: CudaSlice<u32> = unsafe { st.alloc(n * degree) }.map_err(|e| alloc("the adjacency", e))?;
     let deg32 = degree as u32;
-    unsafe {
-        st.launch_builder(&f_finish)
-            .arg(&pool_a)
-            .arg(&n32)
-            .arg(&r32)
-            .arg(&deg32)
-            .arg(&mut adj)
-            .launch(cfg)
-    }
-    .map_err(|e| cuda("grnnd_finish", e))?;
+    unsafe { st.launch_builder(&f_finish).arg(&pool_a).arg(&n32).arg(&r32).arg(&deg32).arg(&mut adj).launch(cfg) }
+        .map_err(|e| cuda("grnnd_finish", e))?;
     sync("the final cut")?;
     times.final_cut_ms = t.elapsed().as_secs_f64() * 1e3;
     drop(pool_b);
@@ -531,32 +473,17 @@ fn device_build(
     let (entry, mut adjacency, host_ms) = take_host();
     times.entry_ms = host_ms;
     let t = Instant::now();
-    st.memcpy_dtoh(&adj, &mut adjacency)
-        .map_err(|e| cuda("downloading the graph", e))?;
+    st.memcpy_dtoh(&adj, &mut adjacency).map_err(|e| cuda("downloading the graph", e))?;
     sync("downloading the graph")?;
     times.download_ms = t.elapsed().as_secs_f64() * 1e3;
     if opts.verify_cut {
-        let pools: Vec<u64> = st
-            .clone_dtoh(&pool_a)
-            .map_err(|e| cuda("downloading the pools", e))?;
+        let pools: Vec<u64> = st.clone_dtoh(&pool_a).map_err(|e| cuda("downloading the pools", e))?;
         let host = final_cut(&pools, r, degree);
-        times.cut_mismatches = Some(
-            host.chunks(degree)
-                .zip(adjacency.chunks(degree))
-                .filter(|(a, b)| a != b)
-                .count(),
-        );
+        times.cut_mismatches = Some(host.chunks(degree).zip(adjacency.chunks(degree)).filter(|(a, b)| a != b).count());
     }
     drop(pool_a);
     drop(adj);
-    Ok((
-        Graph {
-            degree,
-            adjacency,
-            entry,
-        },
-        times,
-    ))
+    Ok((Graph { degree, adjacency, entry }, times))
 }
 
 /// The final cut of RNN-Descent on the host, the same as the CPU path's
@@ -571,35 +498,32 @@ fn device_build(
 fn final_cut(pools: &[u64], r: usize, degree: usize) -> Vec<u32> {
     let n = pools.len() / r;
     let mut adjacency = vec![NO_NODE; n * degree];
-    adjacency.par_chunks_mut(degree).enumerate().for_each_init(
-        Vec::new,
-        |buf: &mut Vec<(f32, u32)>, (v, out)| {
-            buf.clear();
-            for &s in &pools[v * r..(v + 1) * r] {
-                if s == u64::MAX {
-                    continue;
-                }
-                let id = (s as u32) & 0x7FFF_FFFF;
-                if id as usize == v {
-                    continue;
-                }
-                buf.push((f32::from_bits((s >> 32) as u32), id));
+    adjacency.par_chunks_mut(degree).enumerate().for_each_init(Vec::new, |buf: &mut Vec<(f32, u32)>, (v, out)| {
+        buf.clear();
+        for &s in &pools[v * r..(v + 1) * r] {
+            if s == u64::MAX {
+                continue;
             }
-            buf.sort_unstable_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
-            // an id met twice (an insert race) keeps its first, nearest copy
-            let mut k = 0;
-            for &(_, id) in buf.iter() {
-                if k == degree {
-                    break;
-                }
-                if out[..k].contains(&id) {
-                    continue;
-                }
-                out[k] = id;
-                k += 1;
+            let id = (s as u32) & 0x7FFF_FFFF;
+            if id as usize == v {
+                continue;
             }
-        },
-    );
+            buf.push((f32::from_bits((s >> 32) as u32), id));
+        }
+        buf.sort_unstable_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+        // an id met twice (an insert race) keeps its first, nearest copy
+        let mut k = 0;
+        for &(_, id) in buf.iter() {
+            if k == degree {
+                break;
+            }
+            if out[..k].contains(&id) {
+                continue;
+            }
+            out[k] = id;
+            k += 1;
+        }
+    });
     adjacency
 }
 

@@ -44,10 +44,8 @@ pub(crate) fn dk_for(dim: usize) -> usize {
 
 /// Power-of-two scale putting the largest magnitude near 2^13 in fp16.
 fn fp16_scale(vectors: &[f32]) -> f32 {
-    let maxabs = vectors
-        .par_chunks(1 << 16)
-        .map(|c| c.iter().fold(0f32, |m, &x| m.max(x.abs())))
-        .reduce(|| 0.0, f32::max);
+    let maxabs =
+        vectors.par_chunks(1 << 16).map(|c| c.iter().fold(0f32, |m, &x| m.max(x.abs()))).reduce(|| 0.0, f32::max);
     if maxabs.is_nan() || maxabs <= 0.0 || !maxabs.is_finite() {
         return 1.0;
     }
@@ -66,29 +64,17 @@ pub(crate) fn knn_device(
     cancel: &dyn Fn() -> bool,
 ) -> Result<(CudaSlice<u32>, CudaSlice<f32>), GpuError> {
     if k == 0 || k > MAX_K {
-        return Err(GpuError::Unsupported(format!(
-            "exact k-NN with k = {k} (1..={MAX_K})"
-        )));
+        return Err(GpuError::Unsupported(format!("exact k-NN with k = {k} (1..={MAX_K})")));
     }
     let n = dv.n;
     let dk = dk_for(dv.dim);
     let l = if k > 16 { 64 } else { 32 };
     let m = gpu.knn_module(l / 32)?;
     let prep = function(&m, "knn_prep")?;
-    let tiles = function(
-        &m,
-        if l == 64 {
-            "knn_tiles_64"
-        } else {
-            "knn_tiles_32"
-        },
-    )?;
+    let tiles = function(&m, if l == 64 { "knn_tiles_64" } else { "knn_tiles_32" })?;
     let rerank = function(&m, "knn_rerank")?;
     tiles
-        .set_attribute(
-            CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            SMEM_BYTES as i32,
-        )
+        .set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, SMEM_BYTES as i32)
         .map_err(|e| cuda("knn shared memory", e))?;
     let s = &gpu.stream;
     let scale = fp16_scale(host);
@@ -176,27 +162,14 @@ pub fn knn_graph(gpu: &Gpu, vectors: &[f32], dim: usize, k: usize) -> Result<Knn
     guard("exact k-NN", || {
         let n = vectors.len().checked_div(dim).unwrap_or(0);
         if n == 0 {
-            return Ok(KnnGraph {
-                k,
-                ids: Vec::new(),
-                dists: Vec::new(),
-            });
+            return Ok(KnnGraph { k, ids: Vec::new(), dists: Vec::new() });
         }
         let dv0 = DeviceVectors::plan(n, dim)?;
-        gpu.reserve(
-            dv0.bytes() + device_bytes(n, dk_for(dim), k),
-            "the exact k-NN graph",
-        )?;
+        gpu.reserve(dv0.bytes() + device_bytes(n, dk_for(dim), k), "the exact k-NN graph")?;
         let dv = DeviceVectors::upload(gpu, vectors, dim)?;
         let (di, dd) = knn_device(gpu, &dv, vectors, k, &|| false)?;
-        let ids = gpu
-            .stream
-            .clone_dtoh(&di)
-            .map_err(|e| cuda("downloading the k-NN graph", e))?;
-        let dists = gpu
-            .stream
-            .clone_dtoh(&dd)
-            .map_err(|e| cuda("downloading the k-NN graph", e))?;
+        let ids = gpu.stream.clone_dtoh(&di).map_err(|e| cuda("downloading the k-NN graph", e))?;
+        let dists = gpu.stream.clone_dtoh(&dd).map_err(|e| cuda("downloading the k-NN graph", e))?;
         Ok(KnnGraph { k, ids, dists })
     })
 }

@@ -23,12 +23,7 @@ use crate::error::GpuError;
 
 fn env_dirs() -> Vec<PathBuf> {
     let mut roots = Vec::new();
-    for var in [
-        "CUDA_PATH",
-        "CUDA_HOME",
-        "CUDA_ROOT",
-        "CUDA_TOOLKIT_ROOT_DIR",
-    ] {
+    for var in ["CUDA_PATH", "CUDA_HOME", "CUDA_ROOT", "CUDA_TOOLKIT_ROOT_DIR"] {
         if let Some(v) = std::env::var_os(var) {
             if !v.is_empty() {
                 roots.push(PathBuf::from(v));
@@ -41,11 +36,7 @@ fn env_dirs() -> Vec<PathBuf> {
         let mut v: Vec<PathBuf> = rd
             .filter_map(|e| e.ok())
             .map(|e| e.path())
-            .filter(|p| {
-                p.file_name()
-                    .and_then(|n| n.to_str())
-                    .is_some_and(|n| n.starts_with("cuda-"))
-            })
+            .filter(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("cuda-")))
             .collect();
         v.sort();
         v.reverse();
@@ -53,12 +44,7 @@ fn env_dirs() -> Vec<PathBuf> {
     }
     let mut dirs = Vec::new();
     for r in roots {
-        for sub in [
-            "targets/x86_64-linux/lib",
-            "targets/sbsa-linux/lib",
-            "lib64",
-            "lib",
-        ] {
+        for sub in ["targets/x86_64-linux/lib", "targets/sbsa-linux/lib", "lib64", "lib"] {
             dirs.push(r.join(sub));
         }
     }
@@ -67,11 +53,7 @@ fn env_dirs() -> Vec<PathBuf> {
 
 fn ld_library_path_dirs() -> Vec<PathBuf> {
     std::env::var_os("LD_LIBRARY_PATH")
-        .map(|v| {
-            std::env::split_paths(&v)
-                .filter(|p| !p.as_os_str().is_empty())
-                .collect()
-        })
+        .map(|v| std::env::split_paths(&v).filter(|p| !p.as_os_str().is_empty()).collect())
         .unwrap_or_default()
 }
 
@@ -176,9 +158,9 @@ pub fn load_nvrtc() -> Result<PathBuf, GpuError> {
                         .filter_map(|e| e.ok())
                         .map(|e| e.path())
                         .filter(|p| {
-                            p.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
-                                n.starts_with("libnvrtc-builtins.so.") && !n.contains(".alt.")
-                            })
+                            p.file_name()
+                                .and_then(|n| n.to_str())
+                                .is_some_and(|n| n.starts_with("libnvrtc-builtins.so.") && !n.contains(".alt."))
                         })
                         .collect();
                     // the longest name carries the full version (…so.13.0)

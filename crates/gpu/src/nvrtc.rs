@@ -26,14 +26,10 @@ pub struct KernelSource {
     pub src: &'static str,
 }
 
-pub const RNN_DESCENT: KernelSource = KernelSource {
-    name: "rnn_descent.cu",
-    src: include_str!("../../../kernels/rnn_descent.cu"),
-};
-pub const KNN_EXACT: KernelSource = KernelSource {
-    name: "knn_exact.cu",
-    src: include_str!("../../../kernels/knn_exact.cu"),
-};
+pub const RNN_DESCENT: KernelSource =
+    KernelSource { name: "rnn_descent.cu", src: include_str!("../../../kernels/rnn_descent.cu") };
+pub const KNN_EXACT: KernelSource =
+    KernelSource { name: "knn_exact.cu", src: include_str!("../../../kernels/knn_exact.cu") };
 
 /// Every kernel file, for the compile check.
 pub const ALL: &[KernelSource] = &[RNN_DESCENT, KNN_EXACT];
@@ -90,13 +86,9 @@ pub fn supported_archs() -> Result<Vec<u32>, GpuError> {
     loader::load_nvrtc()?;
     crate::error::guard("nvrtcGetSupportedArchs", || {
         let mut n: c_int = 0;
-        check("supported archs", unsafe {
-            sys::nvrtcGetNumSupportedArchs(&mut n)
-        })?;
+        check("supported archs", unsafe { sys::nvrtcGetNumSupportedArchs(&mut n) })?;
         let mut v = vec![0 as c_int; n.max(0) as usize];
-        check("supported archs", unsafe {
-            sys::nvrtcGetSupportedArchs(v.as_mut_ptr())
-        })?;
+        check("supported archs", unsafe { sys::nvrtcGetSupportedArchs(v.as_mut_ptr()) })?;
         Ok(v.into_iter().map(|a| a as u32).collect())
     })
 }
@@ -124,25 +116,13 @@ pub fn compile(k: &KernelSource, target: &Target, extra: &[String]) -> Result<Co
     crate::error::guard("NVRTC", || compile_inner(k, target, extra))
 }
 
-fn compile_inner(
-    k: &KernelSource,
-    target: &Target,
-    extra: &[String],
-) -> Result<Compiled, GpuError> {
+fn compile_inner(k: &KernelSource, target: &Target, extra: &[String]) -> Result<Compiled, GpuError> {
     let t0 = std::time::Instant::now();
-    let src =
-        CString::new(k.src).map_err(|_| GpuError::Cuda(format!("{}: NUL in source", k.name)))?;
+    let src = CString::new(k.src).map_err(|_| GpuError::Cuda(format!("{}: NUL in source", k.name)))?;
     let name = CString::new(k.name).unwrap();
     let mut prog: sys::nvrtcProgram = std::ptr::null_mut();
     check("create program", unsafe {
-        sys::nvrtcCreateProgram(
-            &mut prog,
-            src.as_ptr(),
-            name.as_ptr(),
-            0,
-            std::ptr::null(),
-            std::ptr::null(),
-        )
+        sys::nvrtcCreateProgram(&mut prog, src.as_ptr(), name.as_ptr(), 0, std::ptr::null(), std::ptr::null())
     })?;
     struct Prog(sys::nvrtcProgram);
     impl Drop for Prog {
@@ -155,10 +135,7 @@ fn compile_inner(
     let p = Prog(prog);
     let mut opts: Vec<String> = vec![target.option(), "-std=c++17".into()];
     opts.extend(extra.iter().cloned());
-    let copts: Vec<CString> = opts
-        .iter()
-        .map(|o| CString::new(o.as_str()).unwrap())
-        .collect();
+    let copts: Vec<CString> = opts.iter().map(|o| CString::new(o.as_str()).unwrap()).collect();
     let ptrs: Vec<*const c_char> = copts.iter().map(|c| c.as_ptr()).collect();
     let r = unsafe { sys::nvrtcCompileProgram(p.0, ptrs.len() as c_int, ptrs.as_ptr()) };
     let log = unsafe {
@@ -166,19 +143,12 @@ fn compile_inner(
         sys::nvrtcGetProgramLogSize(p.0, &mut n);
         let mut buf = vec![0 as c_char; n.max(1)];
         sys::nvrtcGetProgramLog(p.0, buf.as_mut_ptr());
-        CStr::from_ptr(buf.as_ptr())
-            .to_string_lossy()
-            .trim()
-            .to_string()
+        CStr::from_ptr(buf.as_ptr()).to_string_lossy().trim().to_string()
     };
     if r != sys::nvrtcResult::NVRTC_SUCCESS {
         return Err(GpuError::Compile {
             kernel: k.name.to_string(),
-            log: if log.is_empty() {
-                format!("{r:?}")
-            } else {
-                log
-            },
+            log: if log.is_empty() { format!("{r:?}") } else { log },
         });
     }
     let image = unsafe {
@@ -187,30 +157,19 @@ fn compile_inner(
                 let mut n = 0usize;
                 check("cubin size", sys::nvrtcGetCUBINSize(p.0, &mut n))?;
                 let mut buf = vec![0u8; n];
-                check(
-                    "cubin",
-                    sys::nvrtcGetCUBIN(p.0, buf.as_mut_ptr() as *mut c_char),
-                )?;
+                check("cubin", sys::nvrtcGetCUBIN(p.0, buf.as_mut_ptr() as *mut c_char))?;
                 buf
             }
             Target::Ptx(_) => {
                 let mut n = 0usize;
                 check("ptx size", sys::nvrtcGetPTXSize(p.0, &mut n))?;
                 let mut buf = vec![0u8; n];
-                check(
-                    "ptx",
-                    sys::nvrtcGetPTX(p.0, buf.as_mut_ptr() as *mut c_char),
-                )?;
+                check("ptx", sys::nvrtcGetPTX(p.0, buf.as_mut_ptr() as *mut c_char))?;
                 buf
             }
         }
     };
-    Ok(Compiled {
-        target: target.clone(),
-        image,
-        log,
-        compile_ms: t0.elapsed().as_secs_f64() * 1e3,
-    })
+    Ok(Compiled { target: target.clone(), image, log, compile_ms: t0.elapsed().as_secs_f64() * 1e3 })
 }
 
 type Cache = Mutex<HashMap<(&'static str, Target, Vec<String>), Arc<Compiled>>>;
@@ -221,11 +180,7 @@ static CACHE: OnceLock<Cache> = OnceLock::new();
 /// cached (it is retried next time). (NVRTC 12.9+ also keeps a cache of its
 /// own across processes: a second process compiled rnn_descent.cu in ~30 ms
 /// instead of ~500 ms on the GPU machine.)
-pub fn compiled(
-    k: &KernelSource,
-    target: &Target,
-    options: &[String],
-) -> Result<Arc<Compiled>, GpuError> {
+pub fn compiled(k: &KernelSource, target: &Target, options: &[String]) -> Result<Arc<Compiled>, GpuError> {
     let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
     let key = (k.name, target.clone(), options.to_vec());
     if let Some(c) = cache.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
@@ -233,10 +188,5 @@ pub fn compiled(
     }
     // compiled outside the lock; two threads racing both compile, one wins
     let c = Arc::new(compile(k, target, options)?);
-    Ok(cache
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .entry(key)
-        .or_insert(c)
-        .clone())
+    Ok(cache.lock().unwrap_or_else(|e| e.into_inner()).entry(key).or_insert(c).clone())
 }

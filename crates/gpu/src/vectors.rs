@@ -31,17 +31,12 @@ impl DeviceVectors {
     pub fn plan(n: usize, dim: usize) -> Result<Plan, GpuError> {
         // ids are 31 bits in the GRNND pools (bit 31 is the "new" flag)
         if n >= (1usize << 31) {
-            return Err(GpuError::Unsupported(format!(
-                "{n} rows (the GPU builder takes fewer than 2^31)"
-            )));
+            return Err(GpuError::Unsupported(format!("{n} rows (the GPU builder takes fewer than 2^31)")));
         }
         if dim == 0 {
             return Err(GpuError::Unsupported("vectors of dimension 0".into()));
         }
-        Ok(Plan {
-            n,
-            dp: dim.div_ceil(4) * 4,
-        })
+        Ok(Plan { n, dp: dim.div_ceil(4) * 4 })
     }
 
     pub fn upload(gpu: &Gpu, vectors: &[f32], dim: usize) -> Result<DeviceVectors, GpuError> {
@@ -52,10 +47,7 @@ impl DeviceVectors {
             gpu.stream.clone_htod(&vectors[..n * dim])
         } else {
             let mut padded = vec![0f32; n * dp];
-            padded
-                .par_chunks_mut(dp)
-                .zip(vectors.par_chunks(dim))
-                .for_each(|(o, i)| o[..dim].copy_from_slice(i));
+            padded.par_chunks_mut(dp).zip(vectors.par_chunks(dim)).for_each(|(o, i)| o[..dim].copy_from_slice(i));
             gpu.stream.clone_htod(&padded)
         }
         .map_err(|e| cuda("uploading the vectors", e))?;

@@ -54,7 +54,14 @@ pub fn ground_truth(name: &str) -> Matrix<i32> {
 }
 
 /// Mean recall@K of a search with beam `ef`; a hit's payload is its row of `base`.
-pub fn recall(store: &MemoryStore, metric: Metric, base: &Matrix<f32>, queries: &Matrix<f32>, kth: &[f64], ef: usize) -> f64 {
+pub fn recall(
+    store: &MemoryStore,
+    metric: Metric,
+    base: &Matrix<f32>,
+    queries: &Matrix<f32>,
+    kth: &[f64],
+    ef: usize,
+) -> f64 {
     let sum: f64 = (0..queries.len())
         .into_par_iter()
         .map(|q| {

@@ -16,10 +16,7 @@ struct Head {
 impl Eq for Head {}
 impl Ord for Head {
     fn cmp(&self, o: &Self) -> Ordering {
-        self.dist
-            .total_cmp(&o.dist)
-            .then(self.node.cmp(&o.node))
-            .then(self.list.cmp(&o.list))
+        self.dist.total_cmp(&o.dist).then(self.node.cmp(&o.node)).then(self.list.cmp(&o.list))
     }
 }
 impl PartialOrd for Head {
@@ -36,11 +33,7 @@ impl PartialOrd for Head {
 /// (same code, same lane split, same summation order), so equal nodes leave
 /// the heap one right after the other and comparing with the last output is
 /// enough.
-pub fn merge_lists(
-    lists: &[&[(f32, u32)]],
-    k: usize,
-    mut keep: impl FnMut(u32) -> bool,
-) -> Vec<(f32, u32)> {
+pub fn merge_lists(lists: &[&[(f32, u32)]], k: usize, mut keep: impl FnMut(u32) -> bool) -> Vec<(f32, u32)> {
     let mut out: Vec<(f32, u32)> = Vec::with_capacity(k);
     if k == 0 {
         return out;
@@ -61,12 +54,7 @@ pub fn merge_lists(
     let mut heap: BinaryHeap<Reverse<Head>> = BinaryHeap::with_capacity(lists.len());
     for (i, l) in lists.iter().enumerate() {
         if let Some(&(d, n)) = l.first() {
-            heap.push(Reverse(Head {
-                dist: d,
-                node: n,
-                list: i as u32,
-                pos: 0,
-            }));
+            heap.push(Reverse(Head { dist: d, node: n, list: i as u32, pos: 0 }));
         }
     }
     while let Some(Reverse(h)) = heap.pop() {
@@ -74,12 +62,7 @@ pub fn merge_lists(
         let next = h.pos as usize + 1;
         if next < l.len() {
             let (d, n) = l[next];
-            heap.push(Reverse(Head {
-                dist: d,
-                node: n,
-                list: h.list,
-                pos: next as u32,
-            }));
+            heap.push(Reverse(Head { dist: d, node: n, list: h.list, pos: next as u32 }));
         }
         if out.last().is_some_and(|x| x.1 == h.node) || !keep(h.node) {
             continue;
@@ -110,9 +93,6 @@ mod tests {
         // ties by node id
         let a = [(1.0, 5)];
         let b = [(1.0, 2)];
-        assert_eq!(
-            merge_lists(&[&a, &b], 2, |_| true),
-            vec![(1.0, 2), (1.0, 5)]
-        );
+        assert_eq!(merge_lists(&[&a, &b], 2, |_| true), vec![(1.0, 2), (1.0, 5)]);
     }
 }

@@ -114,6 +114,5 @@ pub mod sim;
 pub use merge::merge_lists;
 pub use plan::{QueryPlan, SearchPolicy, ServerConfig, DEFAULT_CTAS_PER_SLOT, FLAG_DELETED};
 pub use server::{
-    Answer, IndexImage, ResidentId, ResidentInfo, SearchError, SearchServer, ServerInfo, Ticket,
-    SEARCH_KERNEL,
+    Answer, IndexImage, ResidentId, ResidentInfo, SearchError, SearchServer, ServerInfo, Ticket, SEARCH_KERNEL,
 };

@@ -99,14 +99,7 @@ pub struct SearchPolicy {
 
 impl Default for SearchPolicy {
     fn default() -> Self {
-        SearchPolicy {
-            list_per_cta: 16,
-            offset_beam: 0,
-            beam_width: 4,
-            seeds: 8,
-            cap_factor: 4,
-            cap_extra: 64,
-        }
+        SearchPolicy { list_per_cta: 16, offset_beam: 0, beam_width: 4, seeds: 8, cap_factor: 4, cap_extra: 64 }
     }
 }
 
@@ -138,23 +131,14 @@ impl SearchPolicy {
     /// The plan for a fixed CTA count and list length.
     pub fn plan_with(&self, ctas: usize, list: usize) -> QueryPlan {
         let list = list.max(1);
-        let offset = if self.offset_beam == 0 {
-            list / 2
-        } else {
-            self.offset_beam
-        };
+        let offset = if self.offset_beam == 0 { list / 2 } else { self.offset_beam };
         QueryPlan {
             ctas: ctas.clamp(1, 32) as u32,
             list: list as u32,
-            max_expand: (self.cap_factor * list + self.cap_extra).clamp(1, u32::MAX as usize)
-                as u32,
+            max_expand: (self.cap_factor * list + self.cap_extra).clamp(1, u32::MAX as usize) as u32,
             offset_beam: offset as u32,
             beam_width: self.beam_width.clamp(1, 32) as u32,
-            seeds: if ctas > 1 {
-                self.seeds.min(31) as u32
-            } else {
-                0
-            },
+            seeds: if ctas > 1 { self.seeds.min(31) as u32 } else { 0 },
         }
     }
 }
@@ -208,12 +192,7 @@ impl RowFormat {
         // each lane issues up to 16 loads per vector (DIST_UNROLL): G = the
         // smallest power of two with chunks <= 16 G
         let lanes = chunks.div_ceil(16).next_power_of_two().clamp(1, 32) as u32;
-        RowFormat {
-            half,
-            chunks,
-            qwords: chunks * per,
-            lanes,
-        }
+        RowFormat { half, chunks, qwords: chunks * per, lanes }
     }
     pub fn row_bytes(&self) -> usize {
         self.chunks * 16
@@ -273,18 +252,9 @@ mod tests {
 
     #[test]
     fn f16_exact_roundtrips() {
-        for v in [
-            0.0f32,
-            -0.0,
-            1.0,
-            -1.0,
-            255.0,
-            0.5,
-            65504.0,
-            -2.0f32.powi(-14),
-            2.0f32.powi(-24),
-            3.0 * 2.0f32.powi(-20),
-        ] {
+        for v in
+            [0.0f32, -0.0, 1.0, -1.0, 255.0, 0.5, 65504.0, -2.0f32.powi(-14), 2.0f32.powi(-24), 3.0 * 2.0f32.powi(-20)]
+        {
             let h = f16_exact(v).unwrap_or_else(|| panic!("{v} should convert"));
             assert_eq!(f16_to_f32(h).to_bits(), v.to_bits(), "{v}");
         }
@@ -292,15 +262,7 @@ mod tests {
             let h = f16_exact(i as f32).unwrap();
             assert_eq!(f16_to_f32(h), i as f32);
         }
-        for v in [
-            0.1f32,
-            65505.0,
-            1e6,
-            2.0f32.powi(-25),
-            1.0 + 2.0f32.powi(-11),
-            f32::NAN,
-            f32::INFINITY,
-        ] {
+        for v in [0.1f32, 65505.0, 1e6, 2.0f32.powi(-25), 1.0 + 2.0f32.powi(-11), f32::NAN, f32::INFINITY] {
             assert!(f16_exact(v).is_none(), "{v} is not exact in half");
         }
     }

@@ -23,10 +23,8 @@ use crate::error::{cuda, guard, GpuError};
 use crate::nvrtc::{self, KernelSource, Target};
 
 /// kernels/search_persistent.cu, embedded like the other kernels.
-pub const SEARCH_KERNEL: KernelSource = KernelSource {
-    name: "search_persistent.cu",
-    src: include_str!("../../../../kernels/search_persistent.cu"),
-};
+pub const SEARCH_KERNEL: KernelSource =
+    KernelSource { name: "search_persistent.cu", src: include_str!("../../../../kernels/search_persistent.cu") };
 
 /// Why a query could not be served. The worker falls back to the CPU on
 /// every one of them.
@@ -305,9 +303,7 @@ fn err_name(r: CUresult) -> String {
     if p.is_null() {
         format!("{r:?}")
     } else {
-        unsafe { std::ffi::CStr::from_ptr(p) }
-            .to_string_lossy()
-            .into_owned()
+        unsafe { std::ffi::CStr::from_ptr(p) }.to_string_lossy().into_owned()
     }
 }
 
@@ -322,9 +318,7 @@ fn bind_ctx(c: sys::CUcontext) -> Result<(), GpuError> {
 
 fn new_stream() -> Result<CUstream, GpuError> {
     let mut s: CUstream = null_mut();
-    ck("cuStreamCreate", unsafe {
-        sys::cuStreamCreate(&mut s, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32)
-    })?;
+    ck("cuStreamCreate", unsafe { sys::cuStreamCreate(&mut s, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32) })?;
     Ok(s)
 }
 
@@ -360,26 +354,15 @@ impl Allocs {
     }
     fn dev(&mut self, bytes: usize, what: &str) -> Result<CUdeviceptr, GpuError> {
         let mut d: CUdeviceptr = 0;
-        ck(&format!("allocating {what}"), unsafe {
-            sys::cuMemAlloc_v2(&mut d, bytes.max(4))
-        })?;
+        ck(&format!("allocating {what}"), unsafe { sys::cuMemAlloc_v2(&mut d, bytes.max(4)) })?;
         self.dev.push(d);
-        ck(&format!("clearing {what}"), unsafe {
-            sys::cuMemsetD8_v2(d, 0, bytes.max(4))
-        })?;
+        ck(&format!("clearing {what}"), unsafe { sys::cuMemsetD8_v2(d, 0, bytes.max(4)) })?;
         Ok(d)
     }
     fn host(&mut self, bytes: usize, mapped: bool, what: &str) -> Result<*mut u8, GpuError> {
         let mut p: *mut c_void = null_mut();
-        let flags = sys::CU_MEMHOSTALLOC_PORTABLE
-            | if mapped {
-                sys::CU_MEMHOSTALLOC_DEVICEMAP
-            } else {
-                0
-            };
-        ck(&format!("pinning {what}"), unsafe {
-            sys::cuMemHostAlloc(&mut p, bytes.max(4), flags)
-        })?;
+        let flags = sys::CU_MEMHOSTALLOC_PORTABLE | if mapped { sys::CU_MEMHOSTALLOC_DEVICEMAP } else { 0 };
+        ck(&format!("pinning {what}"), unsafe { sys::cuMemHostAlloc(&mut p, bytes.max(4), flags) })?;
         self.host.push(p);
         unsafe { std::ptr::write_bytes(p as *mut u8, 0, bytes.max(4)) };
         Ok(p as *mut u8)
@@ -388,9 +371,7 @@ impl Allocs {
 
 fn device_ptr_of(h: *mut u8, what: &str) -> Result<CUdeviceptr, GpuError> {
     let mut d: CUdeviceptr = 0;
-    ck(&format!("mapping {what}"), unsafe {
-        sys::cuMemHostGetDevicePointer_v2(&mut d, h as *mut c_void, 0)
-    })?;
+    ck(&format!("mapping {what}"), unsafe { sys::cuMemHostGetDevicePointer_v2(&mut d, h as *mut c_void, 0) })?;
     Ok(d)
 }
 
@@ -403,9 +384,7 @@ impl SearchServer {
     /// context to go idle, which this kernel never does. (Kernels launched
     /// once before `start`, or CUDA_MODULE_LOADING=EAGER, are safe.)
     pub fn start(gpu: &Gpu, cfg: ServerConfig) -> Result<SearchServer, GpuError> {
-        guard("starting the GPU search server", || {
-            Self::start_inner(gpu, cfg)
-        })
+        guard("starting the GPU search server", || Self::start_inner(gpu, cfg))
     }
 
     fn start_inner(gpu: &Gpu, cfg: ServerConfig) -> Result<SearchServer, GpuError> {
@@ -417,31 +396,17 @@ impl SearchServer {
         let c = nvrtc::compiled(&SEARCH_KERNEL, &target, &[])?;
         let ptx = match target {
             Target::Cubin(_) => Ptx::from_binary(c.image.clone()),
-            Target::Ptx(_) => Ptx::from_src(
-                String::from_utf8_lossy(&c.image)
-                    .trim_end_matches('\0')
-                    .to_string(),
-            ),
+            Target::Ptx(_) => Ptx::from_src(String::from_utf8_lossy(&c.image).trim_end_matches('\0').to_string()),
         };
-        let module = ctx
-            .load_module(ptx)
-            .map_err(|e| cuda("loading search_persistent.cu", e))?;
-        let func = module
-            .load_function("search_persistent")
-            .map_err(|e| cuda("kernel search_persistent", e))?;
+        let module = ctx.load_module(ptx).map_err(|e| cuda("loading search_persistent.cu", e))?;
+        let func = module.load_function("search_persistent").map_err(|e| cuda("kernel search_persistent", e))?;
         let f = func.cu_function();
         let compile_ms = t.elapsed().as_secs_f64() * 1e3;
 
         // sizes
-        let ctas = if cfg.ctas_per_slot == 0 {
-            DEFAULT_CTAS_PER_SLOT
-        } else {
-            cfg.ctas_per_slot
-        };
+        let ctas = if cfg.ctas_per_slot == 0 { DEFAULT_CTAS_PER_SLOT } else { cfg.ctas_per_slot };
         if !(1..=32).contains(&ctas) {
-            return Err(GpuError::Unsupported(format!(
-                "{ctas} CTAs per slot (1 to 32)"
-            )));
+            return Err(GpuError::Unsupported(format!("{ctas} CTAs per slot (1 to 32)")));
         }
         let max_qwords = round_up(cfg.max_dim.max(1), 8);
         let list_cap = cfg.max_list.max(1);
@@ -457,28 +422,17 @@ impl SearchServer {
             })?;
         }
         let mut per_sm: i32 = 0;
-        ck("occupancy", unsafe {
-            sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(&mut per_sm, f, 32, smem)
-        })?;
+        ck("occupancy", unsafe { sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(&mut per_sm, f, 32, smem) })?;
         let sm = gpu.info.sm_count;
         let resident = per_sm.max(0) as usize * sm as usize;
-        let slots = if cfg.slots == 0 {
-            (resident / ctas).min(256)
-        } else {
-            cfg.slots
-        };
+        let slots = if cfg.slots == 0 { (resident / ctas).min(256) } else { cfg.slots };
         if slots == 0 || slots * ctas > resident {
             return Err(GpuError::Unsupported(format!(
                 "{slots} slots x {ctas} CTAs do not fit resident at once: {per_sm} blocks per SM x {sm} SMs \
                  ({smem} bytes of shared memory each)"
             )));
         }
-        let groups = if cfg.groups == 0 {
-            slots.min(8)
-        } else {
-            cfg.groups.min(slots)
-        }
-        .max(1);
+        let groups = if cfg.groups == 0 { slots.min(8) } else { cfg.groups.min(slots) }.max(1);
         let visited_log2 = if cfg.visited_log2 == 0 {
             ((list_cap * ctas * 16).next_power_of_two().trailing_zeros()).clamp(12, 17)
         } else {
@@ -501,8 +455,7 @@ impl SearchServer {
             let d_indexes = a.dev(max_indexes * DESC_BYTES, "the index table")?;
             let h_reqs = a.host(slots * req_stride, false, "the request staging")?;
             let h_results = a.host(slots * result_stride, true, "the result blocks")?;
-            let h_finish =
-                a.host(slots * FINISH_STRIDE_WORDS * 4, true, "the finish words")? as *mut u32;
+            let h_finish = a.host(slots * FINISH_STRIDE_WORDS * 4, true, "the finish words")? as *mut u32;
             let h_zero = a.host(8 << visited_log2, false, "a zero block")?;
             let h_words = a.host(slots * 4, false, "the slot word staging")? as *mut u32;
             let d_results = device_ptr_of(h_results, "the result blocks")?;
@@ -520,16 +473,11 @@ impl SearchServer {
                 let lo = g * slots / groups;
                 let hi = (g + 1) * slots / groups;
                 slot_group[lo..hi].fill(g as u16);
-                gs.push(Group {
-                    stream: s,
-                    free: Mutex::new((lo as u32..hi as u32).rev().collect()),
-                });
+                gs.push(Group { stream: s, free: Mutex::new((lo as u32..hi as u32).rev().collect()) });
             }
             // stream memory operations: try one on a word nobody reads yet
             let stream_mem_ops = unsafe {
-                sys::cuStreamWriteValue32_v2(mgmt, d_done, 0, 0)
-                    .result()
-                    .is_ok()
+                sys::cuStreamWriteValue32_v2(mgmt, d_done, 0, 0).result().is_ok()
                     && sys::cuStreamSynchronize(mgmt).result().is_ok()
             };
             ck("synchronising", unsafe { sys::cuStreamSynchronize(mgmt) })?;
@@ -594,8 +542,7 @@ impl SearchServer {
                     null_mut(),
                 )
             })?;
-            let pinned_bytes = slots * (req_stride + result_stride + FINISH_STRIDE_WORDS * 4 + 4)
-                + (8 << visited_log2);
+            let pinned_bytes = slots * (req_stride + result_stride + FINISH_STRIDE_WORDS * 4 + 4) + (8 << visited_log2);
             Ok(Inner {
                 _ctx: ctx.clone(),
                 cu_ctx,
@@ -624,9 +571,7 @@ impl SearchServer {
                 kernel_stream,
                 mgmt: Mutex::new(mgmt),
                 groups: gs,
-                slots: (0..slots)
-                    .map(|_| Mutex::new(SlotState::default()))
-                    .collect(),
+                slots: (0..slots).map(|_| Mutex::new(SlotState::default())).collect(),
                 slot_group,
                 d_cmd,
                 d_done,
@@ -658,9 +603,7 @@ impl SearchServer {
                 a.dev.clear();
                 a.host.clear();
                 a.streams.clear();
-                Ok(SearchServer {
-                    inner: Arc::new(inner),
-                })
+                Ok(SearchServer { inner: Arc::new(inner) })
             }
             Err(e) => {
                 a.release();
@@ -713,24 +656,14 @@ impl SearchServer {
 
     /// Sets the flags of many nodes at once: the host copy node by node,
     /// then the whole flag array in one copy.
-    pub fn update_flags_batch(
-        &self,
-        id: ResidentId,
-        changes: &[(u32, u8)],
-    ) -> Result<(), GpuError> {
+    pub fn update_flags_batch(&self, id: ResidentId, changes: &[(u32, u8)]) -> Result<(), GpuError> {
         self.inner.update_flags_batch(id, changes)
     }
 
     /// Submits a query (`query` already prepared like `Metric::prepare_query`,
     /// stored_dim values) for its k nearest with beam `ef`, planned by the
     /// server's [`SearchPolicy`]. Takes a free slot or fails with Busy.
-    pub fn submit(
-        &self,
-        index: ResidentId,
-        query: &[f32],
-        k: usize,
-        ef: usize,
-    ) -> Result<Ticket, SearchError> {
+    pub fn submit(&self, index: ResidentId, query: &[f32], k: usize, ef: usize) -> Result<Ticket, SearchError> {
         let plan = self.plan(k, ef);
         self.submit_plan(index, query, k, &plan)
     }
@@ -772,19 +705,11 @@ impl SearchServer {
 
     /// Waits for the answer: (search distance, node) ascending, distinct,
     /// without deleted nodes. On Timeout the ticket stays pending.
-    pub fn wait(
-        &self,
-        ticket: &mut Ticket,
-        timeout: Duration,
-    ) -> Result<Vec<(f32, u32)>, SearchError> {
+    pub fn wait(&self, ticket: &mut Ticket, timeout: Duration) -> Result<Vec<(f32, u32)>, SearchError> {
         Ok(self.wait_answer(ticket, timeout)?.hits)
     }
 
-    pub fn wait_answer(
-        &self,
-        ticket: &mut Ticket,
-        timeout: Duration,
-    ) -> Result<Answer, SearchError> {
+    pub fn wait_answer(&self, ticket: &mut Ticket, timeout: Duration) -> Result<Answer, SearchError> {
         self.check_ticket(ticket)?;
         let start = Instant::now();
         let mut spins = 0u32;
@@ -844,16 +769,12 @@ impl SearchServer {
     /// Poisoned; recovery is a new process (see [`SearchError::Poisoned`]).
     pub fn inject_fault(&self) -> Result<(), SearchError> {
         if !self.inner.allow_fault {
-            return Err(SearchError::Invalid(
-                "fault injection is off (ServerConfig::allow_fault_injection)".into(),
-            ));
+            return Err(SearchError::Invalid("fault injection is off (ServerConfig::allow_fault_injection)".into()));
         }
         self.inner.usable()?;
         let slot = self.inner.take_slot(None).ok_or(SearchError::Busy)?;
         {
-            let mut st = self.inner.slots[slot as usize]
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
+            let mut st = self.inner.slots[slot as usize].lock().unwrap_or_else(|e| e.into_inner());
             st.busy = true;
         }
         self.inner.write_cmd(slot, CMD_FAULT)
@@ -876,11 +797,7 @@ impl Drop for SearchServer {
 
 impl Inner {
     fn poison_text(&self) -> String {
-        self.poison_msg
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
-            .unwrap_or_else(|| "unknown".into())
+        self.poison_msg.lock().unwrap_or_else(|e| e.into_inner()).clone().unwrap_or_else(|| "unknown".into())
     }
 
     fn poison(&self, msg: String) -> SearchError {
@@ -930,10 +847,7 @@ impl Inner {
         let now = self.t0.elapsed().as_micros() as u64 + HEALTH_EVERY_US;
         let last = self.last_health_us.load(Ordering::Relaxed);
         if now < last + HEALTH_EVERY_US
-            || self
-                .last_health_us
-                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
-                .is_err()
+            || self.last_health_us.compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed).is_err()
         {
             return Ok(());
         }
@@ -956,21 +870,13 @@ impl Inner {
         let reg = self.registry.read().unwrap_or_else(|e| e.into_inner());
         match reg.get(id.table as usize) {
             Some(Entry::Ready(r)) if r.gen == id.gen => Ok(r.clone()),
-            _ => Err(SearchError::Invalid(format!(
-                "index {id:?} is not resident"
-            ))),
+            _ => Err(SearchError::Invalid(format!("index {id:?} is not resident"))),
         }
     }
 
     fn take_slot(&self, group: Option<usize>) -> Option<u32> {
         let g_n = self.groups.len();
-        let pop = |g: usize| {
-            self.groups[g]
-                .free
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .pop()
-        };
+        let pop = |g: usize| self.groups[g].free.lock().unwrap_or_else(|e| e.into_inner()).pop();
         if let Some(g) = group {
             return pop(g % g_n);
         }
@@ -997,25 +903,18 @@ impl Inner {
         st.abandoned = false;
         st.resident = None;
         let g = self.group_of(slot);
-        self.groups[g]
-            .free
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(slot);
+        self.groups[g].free.lock().unwrap_or_else(|e| e.into_inner()).push(slot);
     }
 
     fn finish_word(&self, slot: u32) -> u32 {
         // SAFETY: pinned, mapped, lives as long as Inner; the GPU writes it
         unsafe {
-            (*(self.h_finish.add(slot as usize * FINISH_STRIDE_WORDS) as *const AtomicU32))
-                .load(Ordering::Acquire)
+            (*(self.h_finish.add(slot as usize * FINISH_STRIDE_WORDS) as *const AtomicU32)).load(Ordering::Acquire)
         }
     }
 
     fn abandon(&self, slot: u32, cmd: u32) {
-        let mut st = self.slots[slot as usize]
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let mut st = self.slots[slot as usize].lock().unwrap_or_else(|e| e.into_inner());
         if !st.busy || st.cmd != cmd {
             return;
         }
@@ -1079,16 +978,10 @@ impl Inner {
             )));
         }
         if k == 0 || k > this.info.k_max {
-            return Err(SearchError::Invalid(format!(
-                "k = {k} (1 to {})",
-                this.info.k_max
-            )));
+            return Err(SearchError::Invalid(format!("k = {k} (1 to {})", this.info.k_max)));
         }
         if plan.ctas == 0 || plan.ctas as usize > this.info.ctas_per_slot {
-            return Err(SearchError::Invalid(format!(
-                "{} CTAs (1 to {})",
-                plan.ctas, this.info.ctas_per_slot
-            )));
+            return Err(SearchError::Invalid(format!("{} CTAs (1 to {})", plan.ctas, this.info.ctas_per_slot)));
         }
         if plan.list == 0 || plan.list as usize > this.info.list_cap {
             return Err(SearchError::Invalid(format!(
@@ -1097,11 +990,7 @@ impl Inner {
             )));
         }
         if group.is_some_and(|g| g >= this.groups.len()) {
-            return Err(SearchError::Invalid(format!(
-                "group {} of {}",
-                group.unwrap(),
-                this.groups.len()
-            )));
+            return Err(SearchError::Invalid(format!("group {} of {}", group.unwrap(), this.groups.len())));
         }
         let slot = match this.take_slot(group) {
             Some(s) => s,
@@ -1114,16 +1003,9 @@ impl Inner {
         };
         let r = Inner::fill_and_send(this, slot, &res, query, k, plan);
         match r {
-            Ok(cmd) => Ok(Ticket {
-                inner: Arc::downgrade(this),
-                slot,
-                cmd,
-                done: false,
-            }),
+            Ok(cmd) => Ok(Ticket { inner: Arc::downgrade(this), slot, cmd, done: false }),
             Err(e) => {
-                let mut st = this.slots[slot as usize]
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner());
+                let mut st = this.slots[slot as usize].lock().unwrap_or_else(|e| e.into_inner());
                 if !this.poisoned.load(Ordering::Acquire) {
                     this.release_slot(slot, &mut st);
                 }
@@ -1142,18 +1024,14 @@ impl Inner {
     ) -> Result<u32, SearchError> {
         this.bind()?;
         let stream = this.groups[this.group_of(slot)].stream;
-        let mut st = this.slots[slot as usize]
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let mut st = this.slots[slot as usize].lock().unwrap_or_else(|e| e.into_inner());
         let mut seq = st.seq + 1;
         if seq > SEQ_LIMIT {
             // the 27-bit sequence would wrap: entries of old queries could
             // then look current, so clear the slot's visited table first
             let bytes = 8usize << this.info.visited_log2;
             let addr = this.d_visited + (slot as u64) * bytes as u64;
-            let r = unsafe {
-                sys::cuMemcpyHtoDAsync_v2(addr, this.h_zero as *const c_void, bytes, stream)
-            };
+            let r = unsafe { sys::cuMemcpyHtoDAsync_v2(addr, this.h_zero as *const c_void, bytes, stream) };
             if r != CUresult::CUDA_SUCCESS {
                 return Err(this.poison(format!("clearing a visited table: {}", err_name(r))));
             }
@@ -1216,9 +1094,7 @@ impl Inner {
 
     fn poll(&self, t: &mut Ticket) -> Result<Option<Answer>, SearchError> {
         if t.done {
-            return Err(SearchError::Invalid(
-                "this ticket was already answered".into(),
-            ));
+            return Err(SearchError::Invalid("this ticket was already answered".into()));
         }
         if self.finish_word(t.slot) != t.cmd {
             self.health()?;
@@ -1227,9 +1103,7 @@ impl Inner {
             }
             return Ok(None);
         }
-        let mut st = self.slots[t.slot as usize]
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let mut st = self.slots[t.slot as usize].lock().unwrap_or_else(|e| e.into_inner());
         if !st.busy || st.cmd != t.cmd {
             return Err(SearchError::Invalid("stale ticket".into()));
         }
@@ -1242,9 +1116,7 @@ impl Inner {
             // SAFETY: the GPU wrote this block before the finish word we read
             // with acquire; nobody writes it again until the slot is reused
             unsafe {
-                let base = self
-                    .h_results
-                    .add(t.slot as usize * self.result_stride + c * self.cta_block);
+                let base = self.h_results.add(t.slot as usize * self.result_stride + c * self.cta_block);
                 let head = base as *const u32;
                 let h = [
                     std::ptr::read_volatile(head),
@@ -1284,15 +1156,9 @@ impl Inner {
         }
         let refs: Vec<&[(f32, u32)]> = lists.iter().map(|v| v.as_slice()).collect();
         let n = res.n as u32;
-        let hits = merge_lists(&refs, k, |v| {
-            v < n && res.flags[v as usize].load(Ordering::Relaxed) & FLAG_DELETED == 0
-        });
-        Ok(Some(Answer {
-            hits,
-            expanded,
-            computed,
-            capped,
-        }))
+        let hits =
+            merge_lists(&refs, k, |v| v < n && res.flags[v as usize].load(Ordering::Relaxed) & FLAG_DELETED == 0);
+        Ok(Some(Answer { hits, expanded, computed, capped }))
     }
 
     fn mgmt_sync(&self, s: CUstream, what: &str) -> Result<(), GpuError> {
@@ -1309,9 +1175,7 @@ impl Inner {
             )));
         }
         if !im.vectors.len().is_multiple_of(dim) {
-            return Err(GpuError::Unsupported(
-                "vectors are not a whole number of rows".into(),
-            ));
+            return Err(GpuError::Unsupported("vectors are not a whole number of rows".into()));
         }
         let n = im.vectors.len() / dim;
         if n == 0 || n >= (1usize << 31) {
@@ -1325,45 +1189,34 @@ impl Inner {
             )));
         }
         if im.entry as usize >= n {
-            return Err(GpuError::Unsupported(format!(
-                "entry point {} of {n} rows",
-                im.entry
-            )));
+            return Err(GpuError::Unsupported(format!("entry point {} of {n} rows", im.entry)));
         }
         if im.flags.is_some_and(|f| f.len() != n) {
-            return Err(GpuError::Unsupported(
-                "flags must have one byte per row".into(),
-            ));
+            return Err(GpuError::Unsupported("flags must have one byte per row".into()));
         }
         let ip = im.metric == Metric::InnerProduct;
         if ip && dim < 2 {
-            return Err(GpuError::Unsupported(
-                "inner product needs the extra stored coordinate".into(),
-            ));
+            return Err(GpuError::Unsupported("inner product needs the extra stored coordinate".into()));
         }
         let half = self.info_half_ok(im.vectors);
         let fmt = RowFormat::new(dim, half);
         if fmt.qwords > self.max_qwords {
-            return Err(GpuError::Unsupported(format!(
-                "stored dimension {dim} too large"
-            )));
+            return Err(GpuError::Unsupported(format!("stored dimension {dim} too large")));
         }
         let rb = fmt.row_bytes();
         let mut rows = vec![0u8; n * rb];
-        rows.par_chunks_mut(rb)
-            .zip(im.vectors.par_chunks(dim))
-            .for_each(|(o, v)| {
-                if half {
-                    for (i, x) in v.iter().enumerate() {
-                        let h = f16_exact(*x).unwrap_or(0);
-                        o[2 * i..2 * i + 2].copy_from_slice(&h.to_le_bytes());
-                    }
-                } else {
-                    for (i, x) in v.iter().enumerate() {
-                        o[4 * i..4 * i + 4].copy_from_slice(&x.to_le_bytes());
-                    }
+        rows.par_chunks_mut(rb).zip(im.vectors.par_chunks(dim)).for_each(|(o, v)| {
+            if half {
+                for (i, x) in v.iter().enumerate() {
+                    let h = f16_exact(*x).unwrap_or(0);
+                    o[2 * i..2 * i + 2].copy_from_slice(&h.to_le_bytes());
                 }
-            });
+            } else {
+                for (i, x) in v.iter().enumerate() {
+                    o[4 * i..4 * i + 4].copy_from_slice(&x.to_le_bytes());
+                }
+            }
+        });
         let flags: Vec<u8> = im.flags.map(|f| f.to_vec()).unwrap_or_else(|| vec![0u8; n]);
         let adj_bytes = n * im.degree * 4;
         let bytes = rows.len() + adj_bytes + n;
@@ -1372,10 +1225,7 @@ impl Inner {
         let table = {
             let mut reg = self.registry.write().unwrap_or_else(|e| e.into_inner());
             let Some(i) = reg.iter().position(|e| matches!(e, Entry::Free)) else {
-                return Err(GpuError::Unsupported(format!(
-                    "{} indexes already resident",
-                    reg.len()
-                )));
+                return Err(GpuError::Unsupported(format!("{} indexes already resident", reg.len())));
             };
             reg[i] = Entry::Busy;
             i
@@ -1384,10 +1234,7 @@ impl Inner {
         let mut reg = self.registry.write().unwrap_or_else(|e| e.into_inner());
         match r {
             Ok(res) => {
-                let id = ResidentId {
-                    table: res.table,
-                    gen: res.gen,
-                };
+                let id = ResidentId { table: res.table, gen: res.gen };
                 reg[table] = Entry::Ready(Arc::new(res));
                 Ok(id)
             }
@@ -1417,15 +1264,9 @@ impl Inner {
         bind_ctx(self.cu_ctx)?;
         let mut free = 0usize;
         let mut total = 0usize;
-        ck("cuMemGetInfo", unsafe {
-            sys::cuMemGetInfo_v2(&mut free, &mut total)
-        })?;
+        ck("cuMemGetInfo", unsafe { sys::cuMemGetInfo_v2(&mut free, &mut total) })?;
         if bytes + (256 << 20) > free {
-            return Err(GpuError::OutOfMemory {
-                needed: bytes,
-                free,
-                what: "a resident index".into(),
-            });
+            return Err(GpuError::OutOfMemory { needed: bytes, free, what: "a resident index".into() });
         }
         let mgmt = self.mgmt.lock().unwrap_or_else(|e| e.into_inner());
         let s = *mgmt;
@@ -1446,23 +1287,12 @@ impl Inner {
             let da = alloc(&mut ptrs, im.adjacency.len() * 4)?;
             let df = alloc(&mut ptrs, n)?;
             unsafe {
-                ck(
-                    "uploading vectors",
-                    sys::cuMemcpyHtoDAsync_v2(dv, rows.as_ptr() as *const c_void, rows.len(), s),
-                )?;
+                ck("uploading vectors", sys::cuMemcpyHtoDAsync_v2(dv, rows.as_ptr() as *const c_void, rows.len(), s))?;
                 ck(
                     "uploading the graph",
-                    sys::cuMemcpyHtoDAsync_v2(
-                        da,
-                        im.adjacency.as_ptr() as *const c_void,
-                        im.adjacency.len() * 4,
-                        s,
-                    ),
+                    sys::cuMemcpyHtoDAsync_v2(da, im.adjacency.as_ptr() as *const c_void, im.adjacency.len() * 4, s),
                 )?;
-                ck(
-                    "uploading flags",
-                    sys::cuMemcpyHtoDAsync_v2(df, flags.as_ptr() as *const c_void, n, s),
-                )?;
+                ck("uploading flags", sys::cuMemcpyHtoDAsync_v2(df, flags.as_ptr() as *const c_void, n, s))?;
             }
             let gen = self.next_gen.fetch_add(1, Ordering::Relaxed).max(1);
             let mut desc = [0u8; DESC_BYTES];
@@ -1546,11 +1376,7 @@ impl Inner {
                     reg[id.table as usize] = Entry::Busy;
                     r
                 }
-                _ => {
-                    return Err(GpuError::Unsupported(format!(
-                        "index {id:?} is not resident"
-                    )))
-                }
+                _ => return Err(GpuError::Unsupported(format!("index {id:?} is not resident"))),
             }
         };
         // wait for the queries in flight (each slot holds a reference)
@@ -1562,9 +1388,7 @@ impl Inner {
             }
             if Instant::now() > deadline {
                 // still in use: keep its memory (and its table entry) alive
-                return Err(GpuError::Cuda(
-                    "unload: queries on the index did not finish in 10 s".into(),
-                ));
+                return Err(GpuError::Cuda("unload: queries on the index did not finish in 10 s".into()));
             }
             std::thread::sleep(Duration::from_micros(200));
         }
@@ -1611,11 +1435,7 @@ impl Inner {
         for &(v, f) in changes {
             res.flags[v as usize].store(f, Ordering::Relaxed);
         }
-        let all: Vec<u8> = res
-            .flags
-            .iter()
-            .map(|f| f.load(Ordering::Relaxed))
-            .collect();
+        let all: Vec<u8> = res.flags.iter().map(|f| f.load(Ordering::Relaxed)).collect();
         bind_ctx(self.cu_ctx)?;
         let mgmt = self.mgmt.lock().unwrap_or_else(|e| e.into_inner());
         let s = *mgmt;
@@ -1659,12 +1479,7 @@ impl Inner {
                     for i in 0..n {
                         std::ptr::write_volatile(self.h_words.add(i), CMD_QUIT);
                     }
-                    let r = sys::cuMemcpyHtoDAsync_v2(
-                        self.d_cmd,
-                        self.h_words as *const c_void,
-                        4 * n,
-                        s,
-                    );
+                    let r = sys::cuMemcpyHtoDAsync_v2(self.d_cmd, self.h_words as *const c_void, 4 * n, s);
                     if r == CUresult::CUDA_SUCCESS {
                         let _ = sys::cuStreamSynchronize(s);
                     }
@@ -1686,9 +1501,7 @@ impl Inner {
                     }
                     CUresult::CUDA_ERROR_NOT_READY => {
                         if Instant::now() > deadline {
-                            result = Err(GpuError::Cuda(
-                                "the search kernel did not quit within 5 s".into(),
-                            ));
+                            result = Err(GpuError::Cuda("the search kernel did not quit within 5 s".into()));
                             break;
                         }
                         std::thread::sleep(Duration::from_micros(200));
@@ -1716,13 +1529,7 @@ impl Inner {
             drop(reg);
             unsafe {
                 let _ = sys::cuStreamSynchronize(s);
-                for d in [
-                    self.d_cmd,
-                    self.d_done,
-                    self.d_reqs,
-                    self.d_visited,
-                    self.d_indexes,
-                ] {
+                for d in [self.d_cmd, self.d_done, self.d_reqs, self.d_visited, self.d_indexes] {
                     sys::cuMemFree_v2(d);
                 }
             }
@@ -1746,13 +1553,7 @@ impl Drop for Inner {
                 sys::cuStreamDestroy_v2(self.kernel_stream);
             }
             sys::cuStreamDestroy_v2(m);
-            for p in [
-                self.h_reqs,
-                self.h_results,
-                self.h_finish as *mut u8,
-                self.h_zero,
-                self.h_words as *mut u8,
-            ] {
+            for p in [self.h_reqs, self.h_results, self.h_finish as *mut u8, self.h_zero, self.h_words as *mut u8] {
                 sys::cuMemFreeHost(p as *mut c_void);
             }
         }

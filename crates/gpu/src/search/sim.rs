@@ -73,28 +73,14 @@ impl SimIndex<'_> {
     }
 }
 
-fn absorb(
-    ix: &SimIndex,
-    q: &[f32],
-    cta: &mut Cta,
-    cap: usize,
-    new: &[(u32, bool)],
-    st: &mut SimStats,
-) {
+fn absorb(ix: &SimIndex, q: &[f32], cta: &mut Cta, cap: usize, new: &[(u32, bool)], st: &mut SimStats) {
     if new.is_empty() {
         return;
     }
     st.computed += new.len() as u64;
-    let thr = if cta.list.len() >= cap {
-        cta.list[cap - 1].0
-    } else {
-        f32::INFINITY
-    };
-    let mut surv: Vec<(f32, u32, bool)> = new
-        .iter()
-        .map(|&(n, e)| (ix.dist(q, n), n, e))
-        .filter(|c| c.0 < thr)
-        .collect();
+    let thr = if cta.list.len() >= cap { cta.list[cap - 1].0 } else { f32::INFINITY };
+    let mut surv: Vec<(f32, u32, bool)> =
+        new.iter().map(|&(n, e)| (ix.dist(q, n), n, e)).filter(|c| c.0 < thr).collect();
     for chunk in surv.chunks_mut(32) {
         st.merges += 1;
         chunk.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
@@ -119,25 +105,14 @@ fn absorb(
 }
 
 /// Claims unvisited nodes (shared set), in order.
-fn claim(
-    ix: &SimIndex,
-    visited: &mut HashSet<u32>,
-    ids: impl Iterator<Item = (u32, bool)>,
-) -> Vec<(u32, bool)> {
+fn claim(ix: &SimIndex, visited: &mut HashSet<u32>, ids: impl Iterator<Item = (u32, bool)>) -> Vec<(u32, bool)> {
     let n = ix.n() as u32;
-    ids.filter(|&(id, _)| id < n && visited.insert(id))
-        .collect()
+    ids.filter(|&(id, _)| id < n && visited.insert(id)).collect()
 }
 
 /// One query: the per-CTA lists (first k live entries each, as the kernel
 /// writes them), the host's merge, and the work done.
-pub fn simulate(
-    ix: &SimIndex,
-    query: &[f32],
-    k: usize,
-    plan: &QueryPlan,
-    salt: u64,
-) -> (Vec<(f32, u32)>, SimStats) {
+pub fn simulate(ix: &SimIndex, query: &[f32], k: usize, plan: &QueryPlan, salt: u64) -> (Vec<(f32, u32)>, SimStats) {
     let mut st = SimStats::default();
     let n = ix.n();
     if n == 0 {
@@ -150,29 +125,19 @@ pub fn simulate(
     let bw = (plan.beam_width as usize).clamp(1, bmax);
     let seeds = plan.seeds.min(31) as u64;
     let mut visited: HashSet<u32> = HashSet::new();
-    let mut ctas: Vec<Cta> = (0..t_n)
-        .map(|_| Cta {
-            list: Vec::new(),
-            expanded: 0,
-            done: false,
-        })
-        .collect();
+    let mut ctas: Vec<Cta> = (0..t_n).map(|_| Cta { list: Vec::new(), expanded: 0, done: false }).collect();
     // start: entry + seeds
     for (t, cta) in ctas.iter_mut().enumerate() {
         let s = mix64(salt ^ ((t as u64) << 40));
-        let ids = std::iter::once((ix.entry, true))
-            .chain((1..=seeds).map(|e| ((mix64(s + e) % n as u64) as u32, false)));
+        let ids =
+            std::iter::once((ix.entry, true)).chain((1..=seeds).map(|e| ((mix64(s + e) % n as u64) as u32, false)));
         let new = claim(ix, &mut visited, ids);
         absorb(ix, query, cta, cap, &new, &mut st);
     }
     // the entry's neighbours, split j % T == t
     let row = ix.neighbors(ix.entry);
     for (t, cta) in ctas.iter_mut().enumerate() {
-        let ids = row
-            .iter()
-            .enumerate()
-            .filter(|(j, _)| j % t_n == t)
-            .map(|(_, &v)| (v, false));
+        let ids = row.iter().enumerate().filter(|(j, _)| j % t_n == t).map(|(_, &v)| (v, false));
         let new = claim(ix, &mut visited, ids.filter(|&(v, _)| v != NO_NODE));
         absorb(ix, query, cta, cap, &new, &mut st);
         cta.expanded = 1;
@@ -194,11 +159,7 @@ pub fn simulate(
                 cta.done = true;
                 continue;
             };
-            let want = if first as u32 >= plan.offset_beam {
-                bw
-            } else {
-                1
-            };
+            let want = if first as u32 >= plan.offset_beam { bw } else { 1 };
             let mut sel = Vec::with_capacity(want);
             for c in cta.list.iter_mut().skip(first) {
                 if sel.len() == want {
@@ -210,10 +171,7 @@ pub fn simulate(
                 }
             }
             active = true;
-            let ids: Vec<(u32, bool)> = sel
-                .iter()
-                .flat_map(|&s| ix.neighbors(s).iter().map(|&v| (v, false)))
-                .collect();
+            let ids: Vec<(u32, bool)> = sel.iter().flat_map(|&s| ix.neighbors(s).iter().map(|&v| (v, false))).collect();
             let new = claim(ix, &mut visited, ids.into_iter());
             absorb(ix, query, cta, cap, &new, &mut st);
             cta.expanded += sel.len() as u32;
@@ -223,22 +181,9 @@ pub fn simulate(
         }
         st.steps += 1;
     }
-    let deleted = |v: u32| {
-        ix.flags
-            .get(v as usize)
-            .is_some_and(|f| f & FLAG_DELETED != 0)
-    };
-    let outs: Vec<Vec<(f32, u32)>> = ctas
-        .iter()
-        .map(|c| {
-            c.list
-                .iter()
-                .filter(|e| !deleted(e.1))
-                .take(k)
-                .map(|e| (e.0, e.1))
-                .collect()
-        })
-        .collect();
+    let deleted = |v: u32| ix.flags.get(v as usize).is_some_and(|f| f & FLAG_DELETED != 0);
+    let outs: Vec<Vec<(f32, u32)>> =
+        ctas.iter().map(|c| c.list.iter().filter(|e| !deleted(e.1)).take(k).map(|e| (e.0, e.1)).collect()).collect();
     st.expanded = ctas.iter().map(|c| c.expanded as u64).sum();
     let refs: Vec<&[(f32, u32)]> = outs.iter().map(|v| v.as_slice()).collect();
     (merge_lists(&refs, k, |v| !deleted(v)), st)
@@ -256,9 +201,7 @@ mod tests {
     use gpu_graph_engine::search::search;
 
     fn data(n: usize, dim: usize, seed: u64) -> Vec<f32> {
-        (0..n * dim)
-            .map(|i| ((mix64(seed + i as u64) >> 40) as f32 / (1u64 << 24) as f32) * 10.0)
-            .collect()
+        (0..n * dim).map(|i| ((mix64(seed + i as u64) >> 40) as f32 / (1u64 << 24) as f32) * 10.0).collect()
     }
 
     /// With one CTA the model is the CPU beam search (same results); with
@@ -268,10 +211,7 @@ mod tests {
         let (n, dim, k) = (3000, 16, 10);
         let base = data(n, dim, 1);
         let queries = data(50, dim, 99);
-        let params = BuildParams {
-            degree: 16,
-            ..BuildParams::default()
-        };
+        let params = BuildParams { degree: 16, ..BuildParams::default() };
         let g = rnn_descent::build(&base, dim, &params, &mut |_: usize, _: usize| true).unwrap();
         let store = MemoryStore::from_graph(&g, base.clone(), dim, (0..n as u64).collect());
         let ix = SimIndex {
@@ -285,47 +225,30 @@ mod tests {
         };
         let truth = exact_knn(&base, dim, &queries, k, Metric::L2);
         for ef in [10usize, 20, 40] {
-            let pol = SearchPolicy {
-                beam_width: 1,
-                ..SearchPolicy::default()
-            };
+            let pol = SearchPolicy { beam_width: 1, ..SearchPolicy::default() };
             let one = pol.plan_with(1, ef);
             let mut cpu_found = Vec::new();
             let mut sim_found = Vec::new();
             let mut multi_found = Vec::new();
             for qi in 0..50 {
                 let q = &queries[qi * dim..(qi + 1) * dim];
-                let cpu: Vec<(f32, u32)> = search(&store, Metric::L2, q, k, ef)
-                    .iter()
-                    .map(|h| (h.dist, h.node))
-                    .collect();
+                let cpu: Vec<(f32, u32)> =
+                    search(&store, Metric::L2, q, k, ef).iter().map(|h| (h.dist, h.node)).collect();
                 let (sim, _) = simulate(&ix, q, k, &one, qi as u64);
                 // same nodes; distances up to the summation order
                 let ids = |v: &[(f32, u32)]| v.iter().map(|x| x.1).collect::<Vec<_>>();
                 assert_eq!(ids(&cpu), ids(&sim), "ef {ef} query {qi}");
                 for (a, b) in cpu.iter().zip(&sim) {
-                    assert!(
-                        (a.0 - b.0).abs() <= 1e-4 * a.0.abs().max(1.0),
-                        "{a:?} {b:?}"
-                    );
+                    assert!((a.0 - b.0).abs() <= 1e-4 * a.0.abs().max(1.0), "{a:?} {b:?}");
                 }
                 cpu_found.push(cpu.iter().map(|h| (h.0 as f64).sqrt()).collect::<Vec<_>>());
                 sim_found.push(sim.iter().map(|h| (h.0 as f64).sqrt()).collect::<Vec<_>>());
-                let (m, _) = simulate(
-                    &ix,
-                    q,
-                    k,
-                    &SearchPolicy::default().plan(k, ef, 4),
-                    qi as u64,
-                );
+                let (m, _) = simulate(&ix, q, k, &SearchPolicy::default().plan(k, ef, 4), qi as u64);
                 multi_found.push(m.iter().map(|h| (h.0 as f64).sqrt()).collect::<Vec<_>>());
             }
             let rc = mean_recall(&cpu_found, &truth, k);
             let rm = mean_recall(&multi_found, &truth, k);
-            assert!(
-                rm >= rc - 0.02,
-                "ef {ef}: multi-CTA recall {rm} vs CPU {rc}"
-            );
+            assert!(rm >= rc - 0.02, "ef {ef}: multi-CTA recall {rm} vs CPU {rc}");
         }
     }
 
@@ -333,10 +256,7 @@ mod tests {
     fn deleted_never_returned() {
         let (n, dim, k) = (1000, 8, 10);
         let base = data(n, dim, 5);
-        let params = BuildParams {
-            degree: 12,
-            ..BuildParams::default()
-        };
+        let params = BuildParams { degree: 12, ..BuildParams::default() };
         let g = rnn_descent::build(&base, dim, &params, &mut |_: usize, _: usize| true).unwrap();
         let mut flags = vec![0u8; n];
         for f in flags.iter_mut().step_by(3) {
@@ -353,13 +273,7 @@ mod tests {
         };
         for qi in 0..20 {
             let q = &base[qi * dim..(qi + 1) * dim];
-            let (r, _) = simulate(
-                &ix,
-                q,
-                k,
-                &SearchPolicy::default().plan(k, 40, 4),
-                qi as u64,
-            );
+            let (r, _) = simulate(&ix, q, k, &SearchPolicy::default().plan(k, 40, 4), qi as u64);
             assert_eq!(r.len(), k);
             assert!(r.iter().all(|&(_, v)| v % 3 != 0));
             assert!(r.windows(2).all(|w| w[0].0 <= w[1].0 && w[0].1 != w[1].1));

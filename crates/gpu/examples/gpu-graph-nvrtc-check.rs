@@ -60,23 +60,13 @@ fn main() {
                     eprintln!("{f}: {e}");
                     std::process::exit(2)
                 });
-                let name = std::path::Path::new(f)
-                    .file_name()
-                    .unwrap()
-                    .to_string_lossy()
-                    .into_owned();
-                KernelSource {
-                    name: Box::leak(name.into_boxed_str()),
-                    src: Box::leak(src.into_boxed_str()),
-                }
+                let name = std::path::Path::new(f).file_name().unwrap().to_string_lossy().into_owned();
+                KernelSource { name: Box::leak(name.into_boxed_str()), src: Box::leak(src.into_boxed_str()) }
             })
             .collect()
     };
     match nvrtc::version() {
-        Ok((a, b)) => eprintln!(
-            "NVRTC {a}.{b} ({})",
-            gpu_graph_gpu::loader::load_nvrtc().unwrap().display()
-        ),
+        Ok((a, b)) => eprintln!("NVRTC {a}.{b} ({})", gpu_graph_gpu::loader::load_nvrtc().unwrap().display()),
         Err(e) => {
             eprintln!("{e}");
             std::process::exit(1);
@@ -89,16 +79,11 @@ fn main() {
         let mut logs = Vec::new();
         let mut bad = false;
         for t in &targets {
-            let arch = t
-                .option()
-                .trim_start_matches("--gpu-architecture=")
-                .to_string();
+            let arch = t.option().trim_start_matches("--gpu-architecture=").to_string();
             match nvrtc::compile(k, t, &extra) {
-                Ok(c) if c.log.is_empty() => parts.push(format!(
-                    "{arch} {} bytes {:.0} ms",
-                    c.image.len(),
-                    c.compile_ms
-                )),
+                Ok(c) if c.log.is_empty() => {
+                    parts.push(format!("{arch} {} bytes {:.0} ms", c.image.len(), c.compile_ms))
+                }
                 Ok(c) => {
                     bad = true;
                     parts.push(format!("{arch} WARNINGS"));
@@ -111,12 +96,7 @@ fn main() {
                 }
             }
         }
-        println!(
-            "{} {} ({})",
-            if bad { "FAIL " } else { "ok   " },
-            k.name,
-            parts.join("; ")
-        );
+        println!("{} {} ({})", if bad { "FAIL " } else { "ok   " }, k.name, parts.join("; "));
         for l in logs {
             for line in l.lines() {
                 println!("      {line}");

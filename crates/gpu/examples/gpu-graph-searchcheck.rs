@@ -44,8 +44,7 @@ use gpu_graph_engine::rnn_descent;
 use gpu_graph_engine::search::search;
 use gpu_graph_gpu::search::sim::{simulate, SimIndex};
 use gpu_graph_gpu::search::{
-    IndexImage, QueryPlan, ResidentId, SearchError, SearchPolicy, SearchServer, ServerConfig,
-    FLAG_DELETED,
+    IndexImage, QueryPlan, ResidentId, SearchError, SearchPolicy, SearchServer, ServerConfig, FLAG_DELETED,
 };
 use gpu_graph_gpu::{build, Gpu, KnnInit};
 use rayon::prelude::*;
@@ -65,10 +64,7 @@ fn read_vectors(path: &str, rows: Option<usize>) -> Matrix<f32> {
 fn list(s: &str) -> Vec<usize> {
     s.split(',')
         .filter(|x| !x.is_empty())
-        .map(|x| {
-            x.parse()
-                .unwrap_or_else(|_| usage(&format!("bad number {x:?}")))
-        })
+        .map(|x| x.parse().unwrap_or_else(|_| usage(&format!("bad number {x:?}"))))
         .collect()
 }
 
@@ -80,12 +76,8 @@ struct Pol {
 
 fn apply(p: &mut Pol, spec: &str) {
     for kv in spec.split(',').filter(|s| !s.is_empty()) {
-        let (k, v) = kv
-            .split_once('=')
-            .unwrap_or_else(|| usage(&format!("bad item {kv:?}")));
-        let n: usize = v
-            .parse()
-            .unwrap_or_else(|_| usage(&format!("bad number in {kv:?}")));
+        let (k, v) = kv.split_once('=').unwrap_or_else(|| usage(&format!("bad item {kv:?}")));
+        let n: usize = v.parse().unwrap_or_else(|_| usage(&format!("bad number in {kv:?}")));
         match k {
             "ctas" => p.ctas = n,
             "per" => p.policy.list_per_cta = n,
@@ -99,16 +91,10 @@ fn apply(p: &mut Pol, spec: &str) {
     }
 }
 
-fn truth_of(
-    base: &Matrix<f32>,
-    queries: &Matrix<f32>,
-    gt: Option<&str>,
-    metric: Metric,
-) -> Vec<Vec<(u32, f64)>> {
+fn truth_of(base: &Matrix<f32>, queries: &Matrix<f32>, gt: Option<&str>, metric: Metric) -> Vec<Vec<(u32, f64)>> {
     match gt {
         Some(p) => {
-            let gt = read_ivecs(Path::new(p), Some(queries.len()))
-                .unwrap_or_else(|e| usage(&format!("{p}: {e}")));
+            let gt = read_ivecs(Path::new(p), Some(queries.len())).unwrap_or_else(|e| usage(&format!("{p}: {e}")));
             truth_from_ids(base, queries, &gt, K, metric)
         }
         None => exact_knn(&base.data, base.dim, &queries.data, K, metric),
@@ -125,12 +111,7 @@ fn cpu_recall(
     let t = Instant::now();
     let found: Vec<Vec<f64>> = (0..queries.len())
         .into_par_iter()
-        .map(|q| {
-            search(store, metric, queries.row(q), K, ef)
-                .iter()
-                .map(|h| metric.to_sql(h.dist))
-                .collect()
-        })
+        .map(|q| search(store, metric, queries.row(q), K, ef).iter().map(|h| metric.to_sql(h.dist)).collect())
         .collect();
     let qps = queries.len() as f64 / t.elapsed().as_secs_f64();
     (mean_recall(&found, truth, K), qps)
@@ -183,11 +164,7 @@ fn check_answer(
             return Some(format!("deleted node {v} returned"));
         }
         let x = &stored[v as usize * sdim..(v as usize + 1) * sdim];
-        let e = if ip {
-            -dot(&q[..sdim - 1], &x[..sdim - 1])
-        } else {
-            l2sq(q, x)
-        };
+        let e = if ip { -dot(&q[..sdim - 1], &x[..sdim - 1]) } else { l2sq(q, x) };
         if (e - d).abs() > 1e-4 * e.abs().max(1.0) {
             return Some(format!("node {v}: distance {d}, host says {e}"));
         }
@@ -253,21 +230,12 @@ fn throughput(
                             exp += a.expanded as u64;
                             cap += (a.capped > 0) as usize;
                             if i < nq {
-                                my_first.push((
-                                    qi,
-                                    a.hits
-                                        .iter()
-                                        .map(|h| metric.to_sql(h.0))
-                                        .collect::<Vec<f64>>(),
-                                ));
+                                my_first.push((qi, a.hits.iter().map(|h| metric.to_sql(h.0)).collect::<Vec<f64>>()));
                             }
                         }
                         Err(e) => {
                             errs.fetch_add(1, Ordering::Relaxed);
-                            first_err
-                                .lock()
-                                .unwrap()
-                                .get_or_insert_with(|| e.to_string());
+                            first_err.lock().unwrap().get_or_insert_with(|| e.to_string());
                             if matches!(e, SearchError::Poisoned(_) | SearchError::Closed) {
                                 stop.store(true, Ordering::Relaxed);
                                 break;
@@ -293,12 +261,7 @@ fn throughput(
     let el = t0.elapsed().as_secs_f64();
     let mut lat = lat.into_inner().unwrap();
     let answered = lat.len();
-    let found: Vec<Vec<f64>> = first
-        .into_inner()
-        .unwrap()
-        .into_iter()
-        .map(|o| o.unwrap_or_default())
-        .collect();
+    let found: Vec<Vec<f64>> = first.into_inner().unwrap().into_iter().map(|o| o.unwrap_or_default()).collect();
     let w = work.into_inner().unwrap();
     Run {
         qps: answered as f64 / el,
@@ -323,10 +286,7 @@ fn main() {
     let mut efs = vec![10, 20, 40, 64, 100];
     let mut threads = vec![1, 16, 64];
     let mut secs = 1.5;
-    let mut pol = Pol {
-        ctas: 0,
-        policy: SearchPolicy::default(),
-    };
+    let mut pol = Pol { ctas: 0, policy: SearchPolicy::default() };
     let mut slots = 0;
     let mut variants: Vec<String> = Vec::new();
     let mut ip_rows = 20_000;
@@ -337,8 +297,7 @@ fn main() {
     let mut variant_threads: Vec<usize> = Vec::new();
     let mut args = std::env::args().skip(1);
     let next = |a: &str, it: &mut dyn Iterator<Item = String>| {
-        it.next()
-            .unwrap_or_else(|| usage(&format!("{a} needs a value")))
+        it.next().unwrap_or_else(|| usage(&format!("{a} needs a value")))
     };
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -349,11 +308,7 @@ fn main() {
             "--degree" => params.degree = list(&next(&a, &mut args))[0],
             "--efs" => efs = list(&next(&a, &mut args)),
             "--threads" => threads = list(&next(&a, &mut args)),
-            "--secs" => {
-                secs = next(&a, &mut args)
-                    .parse()
-                    .unwrap_or_else(|_| usage("--secs"))
-            }
+            "--secs" => secs = next(&a, &mut args).parse().unwrap_or_else(|_| usage("--secs")),
             "--ctas" => pol.ctas = list(&next(&a, &mut args))[0],
             "--slots" => slots = list(&next(&a, &mut args))[0],
             "--policy" => apply(&mut pol, &next(&a, &mut args)),
@@ -368,11 +323,7 @@ fn main() {
         }
     }
     if child {
-        exit(child_after_fault(
-            base_path.as_deref(),
-            query_path.as_deref(),
-            rows,
-        ));
+        exit(child_after_fault(base_path.as_deref(), query_path.as_deref(), rows));
     }
     if variant_threads.is_empty() {
         variant_threads = vec![*threads.last().unwrap_or(&64)];
@@ -420,10 +371,7 @@ fn main() {
         i.target
     );
     let t = Instant::now();
-    let (g, pt) = build(&gpu, &base.data, base.dim, &params, KnnInit::Auto, &|| {
-        false
-    })
-    .unwrap_or_else(|e| {
+    let (g, pt) = build(&gpu, &base.data, base.dim, &params, KnnInit::Auto, &|| false).unwrap_or_else(|e| {
         println!("FAIL  GPU build: {e}");
         exit(1)
     });
@@ -436,59 +384,34 @@ fn main() {
     );
     // the inner-product index: a prefix, MIPS-augmented
     let ipn = ip_rows.min(base.len());
-    let ip_base = Matrix {
-        dim: base.dim,
-        data: base.data[..ipn * base.dim].to_vec(),
-    };
-    let max_norm = ip_base
-        .data
-        .chunks(base.dim)
-        .map(|r| dot(r, r).sqrt())
-        .fold(0f32, f32::max);
+    let ip_base = Matrix { dim: base.dim, data: base.data[..ipn * base.dim].to_vec() };
+    let max_norm = ip_base.data.chunks(base.dim).map(|r| dot(r, r).sqrt()).fold(0f32, f32::max);
     let mut ip_stored = Vec::with_capacity(ipn * (base.dim + 1));
     for r in ip_base.data.chunks(base.dim) {
         Metric::InnerProduct.prepare_stored(r, max_norm, &mut ip_stored);
     }
     let ip_dim = base.dim + 1;
-    let (ip_g, _) = build(&gpu, &ip_stored, ip_dim, &params, KnnInit::Auto, &|| false)
-        .unwrap_or_else(|e| {
-            println!("FAIL  GPU build (inner product): {e}");
-            exit(1)
-        });
-    let ip_truth = exact_knn(
-        &ip_base.data,
-        base.dim,
-        &queries.data,
-        K,
-        Metric::InnerProduct,
-    );
-    let ip_queries: Vec<Vec<f32>> = (0..queries.len())
-        .map(|q| Metric::InnerProduct.prepare_query(queries.row(q)))
-        .collect();
-    let l2_queries: Vec<Vec<f32>> = (0..queries.len())
-        .map(|q| Metric::L2.prepare_query(queries.row(q)))
-        .collect();
+    let (ip_g, _) = build(&gpu, &ip_stored, ip_dim, &params, KnnInit::Auto, &|| false).unwrap_or_else(|e| {
+        println!("FAIL  GPU build (inner product): {e}");
+        exit(1)
+    });
+    let ip_truth = exact_knn(&ip_base.data, base.dim, &queries.data, K, Metric::InnerProduct);
+    let ip_queries: Vec<Vec<f32>> =
+        (0..queries.len()).map(|q| Metric::InnerProduct.prepare_query(queries.row(q))).collect();
+    let l2_queries: Vec<Vec<f32>> = (0..queries.len()).map(|q| Metric::L2.prepare_query(queries.row(q))).collect();
 
     // the CPU's recall
     let mut cpu = Vec::new();
     let store = store_of(&g, &base.data, base.dim);
     for &ef in &efs {
         let (r, qps) = cpu_recall(&store, Metric::L2, &queries, &truth, ef);
-        println!(
-            "cpu   ef {ef:>4}: recall@10 {r:.4} ({qps:.0} queries/s on {} threads)",
-            rayon::current_num_threads()
-        );
+        println!("cpu   ef {ef:>4}: recall@10 {r:.4} ({qps:.0} queries/s on {} threads)", rayon::current_num_threads());
         cpu.push(r);
     }
 
     // the server
     let free0 = gpu.mem_info().map(|m| m.0).unwrap_or(0);
-    let cfg = ServerConfig {
-        slots,
-        ctas_per_slot: pol.ctas,
-        policy: pol.policy,
-        ..ServerConfig::default()
-    };
+    let cfg = ServerConfig { slots, ctas_per_slot: pol.ctas, policy: pol.policy, ..ServerConfig::default() };
     let t = Instant::now();
     let server = SearchServer::start(&gpu, cfg.clone()).unwrap_or_else(|e| {
         println!("FAIL  SearchServer::start: {e}");
@@ -556,25 +479,15 @@ fn main() {
         let t = Instant::now();
         let (mut comp, mut exp) = (0u64, 0u64);
         for (qi, q) in l2_queries.iter().enumerate() {
-            match server
-                .submit(id, q, K, ef)
-                .and_then(|mut tk| server.wait_answer(&mut tk, WAIT))
-            {
+            match server.submit(id, q, K, ef).and_then(|mut tk| server.wait_answer(&mut tk, WAIT)) {
                 Ok(a) => {
-                    if let Some(e) =
-                        check_answer(&a.hits, base.len(), K, q, &base.data, base.dim, false, None)
-                    {
+                    if let Some(e) = check_answer(&a.hits, base.len(), K, q, &base.data, base.dim, false, None) {
                         bad += 1;
                         first_bad.get_or_insert(format!("query {qi}: {e}"));
                     }
                     comp += a.computed as u64;
                     exp += a.expanded as u64;
-                    found.push(
-                        a.hits
-                            .iter()
-                            .map(|h| Metric::L2.to_sql(h.0))
-                            .collect::<Vec<_>>(),
-                    );
+                    found.push(a.hits.iter().map(|h| Metric::L2.to_sql(h.0)).collect::<Vec<_>>());
                 }
                 Err(e) => {
                     bad += 1;
@@ -617,29 +530,12 @@ fn main() {
         pols.push((v.clone(), p));
     }
     for (label, p) in &pols {
-        let ctas = if p.ctas == 0 {
-            si.ctas_per_slot
-        } else {
-            p.ctas.min(si.ctas_per_slot)
-        };
-        let ths: &[usize] = if label == "default" {
-            &threads
-        } else {
-            &variant_threads
-        };
+        let ctas = if p.ctas == 0 { si.ctas_per_slot } else { p.ctas.min(si.ctas_per_slot) };
+        let ths: &[usize] = if label == "default" { &threads } else { &variant_threads };
         for &th in ths {
             for (ei, &ef) in efs.iter().enumerate() {
                 let plan = p.policy.plan(K, ef, ctas);
-                let r = throughput(
-                    &server,
-                    id,
-                    &l2_queries,
-                    &truth,
-                    Metric::L2,
-                    &plan,
-                    th,
-                    secs,
-                );
+                let r = throughput(&server, id, &l2_queries, &truth, Metric::L2, &plan, th, secs);
                 let ok = r.errors == 0 && r.recall >= cpu[ei] - 0.01;
                 println!(
                     "{} {label:<10} threads {th:>3} ef {ef:>4} plan {}x{:<3}: {:>8.0} queries/s  p50 {:>7.1} us  p99 {:>7.1} us  recall@10 {:.4} (cpu {:.4})  {:.0} dist/q {:.0} exp/q, capped {}{}",
@@ -705,12 +601,7 @@ fn main() {
     failed |= !ok;
 
     if fault {
-        failed |= !fault_test(
-            gpu,
-            &ip_image,
-            &ip_queries,
-            (base_path.clone(), query_path.clone()),
-        );
+        failed |= !fault_test(gpu, &ip_image, &ip_queries, (base_path.clone(), query_path.clone()));
     }
 
     if failed {
@@ -751,21 +642,12 @@ fn extras(
     let mut found = Vec::new();
     let mut bad = None;
     for (qi, q) in ip_queries.iter().enumerate() {
-        match server
-            .submit(ip_id, q, K, ef)
-            .and_then(|mut t| server.wait(&mut t, WAIT))
-        {
+        match server.submit(ip_id, q, K, ef).and_then(|mut t| server.wait(&mut t, WAIT)) {
             Ok(h) => {
-                if let Some(e) =
-                    check_answer(&h, ip_base.len(), K, q, ip_stored, ip_dim, true, None)
-                {
+                if let Some(e) = check_answer(&h, ip_base.len(), K, q, ip_stored, ip_dim, true, None) {
                     bad.get_or_insert(format!("query {qi}: {e}"));
                 }
-                found.push(
-                    h.iter()
-                        .map(|x| Metric::InnerProduct.to_sql(x.0))
-                        .collect::<Vec<_>>(),
-                );
+                found.push(h.iter().map(|x| Metric::InnerProduct.to_sql(x.0)).collect::<Vec<_>>());
             }
             Err(e) => {
                 bad.get_or_insert(format!("query {qi}: {e}"));
@@ -797,19 +679,9 @@ fn extras(
                     let (ix, q, nn, st, d, ip) = if (th + i) % 2 == 0 {
                         (id, &l2_queries[qi], n, &base.data[..], base.dim, false)
                     } else {
-                        (
-                            ip_id,
-                            &ip_queries[qi],
-                            ip_base.len(),
-                            ip_stored,
-                            ip_dim,
-                            true,
-                        )
+                        (ip_id, &ip_queries[qi], ip_base.len(), ip_stored, ip_dim, true)
                     };
-                    match server
-                        .submit(ix, q, K, 40)
-                        .and_then(|mut t| server.wait(&mut t, WAIT))
-                    {
+                    match server.submit(ix, q, K, 40).and_then(|mut t| server.wait(&mut t, WAIT)) {
                         Ok(h) if check_answer(&h, nn, K, q, st, d, ip, None).is_none() => {
                             cnt.fetch_add(1, Ordering::Relaxed);
                         }
@@ -848,25 +720,17 @@ fn extras(
     for &v in flagged.iter().take(100) {
         ok &= server.update_flags(id, v, FLAG_DELETED).is_ok();
     }
-    let rest: Vec<(u32, u8)> = flagged
-        .iter()
-        .skip(100)
-        .map(|&v| (v, FLAG_DELETED))
-        .collect();
+    let rest: Vec<(u32, u8)> = flagged.iter().skip(100).map(|&v| (v, FLAG_DELETED)).collect();
     ok &= server.update_flags_batch(id, &rest).is_ok();
     let upd_ms = t.elapsed().as_secs_f64() * 1e3;
     let mut bad = None;
     for (qi, q) in l2_queries.iter().enumerate().take(200) {
-        match server
-            .submit(id, q, K, 64)
-            .and_then(|mut t| server.wait(&mut t, WAIT))
-        {
+        match server.submit(id, q, K, 64).and_then(|mut t| server.wait(&mut t, WAIT)) {
             Ok(h) => {
                 if h.len() != K {
                     bad.get_or_insert(format!("query {qi}: {} hits", h.len()));
                 }
-                if let Some(e) = check_answer(&h, n, K, q, &base.data, base.dim, false, Some(&del))
-                {
+                if let Some(e) = check_answer(&h, n, K, q, &base.data, base.dim, false, Some(&del)) {
                     bad.get_or_insert(format!("query {qi}: {e}"));
                 }
             }
@@ -938,10 +802,7 @@ fn extras(
     for t in held.iter_mut() {
         let _ = server.wait(t, WAIT);
     }
-    report(
-        got == slots,
-        format!("abandoned tickets: {got} of {slots} slots free again afterwards"),
-    );
+    report(got == slots, format!("abandoned tickets: {got} of {slots} slots free again afterwards"));
 
     // unload
     let b = server.bytes(ip_id).unwrap_or(0);
@@ -949,11 +810,7 @@ fn extras(
     let after = server.submit(ip_id, &ip_queries[0], K, 20);
     report(
         r.is_ok() && server.bytes(ip_id).is_none() && matches!(after, Err(SearchError::Invalid(_))),
-        format!(
-            "unload: {r:?} ({} MiB), a query on it then: {:?}",
-            b >> 20,
-            after.err()
-        ),
+        format!("unload: {r:?} ({} MiB), a query on it then: {:?}", b >> 20, after.err()),
     );
     // bad arguments
     let r1 = server.submit(id, &l2_queries[0][..5], K, 20);
@@ -966,10 +823,7 @@ fn extras(
 }
 
 fn fault_test(gpu: Gpu, image: &IndexImage, queries: &[Vec<f32>], paths: (String, String)) -> bool {
-    let cfg = ServerConfig {
-        allow_fault_injection: true,
-        ..ServerConfig::default()
-    };
+    let cfg = ServerConfig { allow_fault_injection: true, ..ServerConfig::default() };
     let server = match SearchServer::start(&gpu, cfg.clone()) {
         Ok(s) => s,
         Err(e) => {
@@ -1002,9 +856,8 @@ fn fault_test(gpu: Gpu, image: &IndexImage, queries: &[Vec<f32>], paths: (String
         answered_after += 1;
     }
     let detect_ms = t.elapsed().as_secs_f64() * 1e3;
-    let later = server
-        .submit(id, &queries[2], K, 40)
-        .and_then(|mut t| server.wait(&mut t, Duration::from_secs(3)).map(|_| ()));
+    let later =
+        server.submit(id, &queries[2], K, 40).and_then(|mut t| server.wait(&mut t, Duration::from_secs(3)).map(|_| ()));
     let load_after = server.load(image);
     let poisoned = server.poisoned();
     let ok1 = inj.is_ok()
@@ -1033,21 +886,10 @@ fn fault_test(gpu: Gpu, image: &IndexImage, queries: &[Vec<f32>], paths: (String
     let t = Instant::now();
     let me = std::env::current_exe().expect("own path");
     let out = std::process::Command::new(me)
-        .args([
-            "--child-after-fault",
-            "--base",
-            &paths.0,
-            "--query",
-            &paths.1,
-            "--rows",
-            "20000",
-        ])
+        .args(["--child-after-fault", "--base", &paths.0, "--query", &paths.1, "--rows", "20000"])
         .output();
     let (child_ok, child_text) = match out {
-        Ok(o) => (
-            o.status.success(),
-            String::from_utf8_lossy(&o.stdout).trim().to_string(),
-        ),
+        Ok(o) => (o.status.success(), String::from_utf8_lossy(&o.stdout).trim().to_string()),
         Err(e) => (false, e.to_string()),
     };
     let ok2 = sd.is_ok() && broken && child_ok;
@@ -1072,12 +914,8 @@ fn run_sim(
     variants: &[String],
 ) {
     let t = Instant::now();
-    let g = rnn_descent::build(&base.data, base.dim, params, &mut |_: usize, _: usize| true)
-        .expect("build");
-    println!(
-        "graph: rnn_descent on the CPU in {:.1} s",
-        t.elapsed().as_secs_f64()
-    );
+    let g = rnn_descent::build(&base.data, base.dim, params, &mut |_: usize, _: usize| true).expect("build");
+    println!("graph: rnn_descent on the CPU in {:.1} s", t.elapsed().as_secs_f64());
     let ix = SimIndex {
         vectors: &base.data,
         dim: base.dim,
@@ -1140,17 +978,9 @@ fn child_after_fault(base: Option<&str>, query: Option<&str>, rows: Option<usize
     let truth = exact_knn(&base.data, base.dim, &queries.data, K, Metric::L2);
     let r = (|| -> Result<f64, String> {
         let gpu = Gpu::open().map_err(|e| format!("Gpu::open: {e}"))?;
-        let (g, _) = build(
-            &gpu,
-            &base.data,
-            base.dim,
-            &BuildParams::default(),
-            KnnInit::Auto,
-            &|| false,
-        )
-        .map_err(|e| format!("build: {e}"))?;
-        let server = SearchServer::start(&gpu, ServerConfig::default())
-            .map_err(|e| format!("start: {e}"))?;
+        let (g, _) = build(&gpu, &base.data, base.dim, &BuildParams::default(), KnnInit::Auto, &|| false)
+            .map_err(|e| format!("build: {e}"))?;
+        let server = SearchServer::start(&gpu, ServerConfig::default()).map_err(|e| format!("start: {e}"))?;
         let id = server
             .load(&IndexImage {
                 vectors: &base.data,
@@ -1175,10 +1005,7 @@ fn child_after_fault(base: Option<&str>, query: Option<&str>, rows: Option<usize
     })();
     match r {
         Ok(rc) => {
-            println!(
-                "GPU opened, graph built, server started, {} queries answered, recall@10 {rc:.4}",
-                queries.len()
-            );
+            println!("GPU opened, graph built, server started, {} queries answered, recall@10 {rc:.4}", queries.len());
             if rc > 0.9 {
                 0
             } else {

@@ -61,13 +61,8 @@ struct Variant {
 
 fn apply(v: &mut Variant, spec: &str) {
     for kv in spec.split(',').filter(|s| !s.is_empty()) {
-        let (k, val) = kv
-            .split_once('=')
-            .unwrap_or_else(|| usage(&format!("bad variant item {kv:?}")));
-        let num = || {
-            val.parse::<f64>()
-                .unwrap_or_else(|_| usage(&format!("bad number in {kv:?}")))
-        };
+        let (k, val) = kv.split_once('=').unwrap_or_else(|| usage(&format!("bad variant item {kv:?}")));
+        let num = || val.parse::<f64>().unwrap_or_else(|_| usage(&format!("bad number in {kv:?}")));
         match k {
             "knn" => v.knn = parse_knn(val),
             "order" => {
@@ -117,12 +112,7 @@ fn parse_knn(s: &str) -> KnnInit {
 }
 
 /// recall@10 at each ef of EFS, and queries per second on this machine's cores
-fn evaluate(
-    g: &Graph,
-    base: &Matrix<f32>,
-    queries: &Matrix<f32>,
-    truth: &[Vec<(u32, f64)>],
-) -> Vec<(f64, f64)> {
+fn evaluate(g: &Graph, base: &Matrix<f32>, queries: &Matrix<f32>, truth: &[Vec<(u32, f64)>]) -> Vec<(f64, f64)> {
     let n = base.len();
     let store = MemoryStore::from_graph(g, base.data.clone(), base.dim, (0..n as u64).collect());
     EFS.iter()
@@ -146,21 +136,13 @@ fn evaluate(
 fn graph_stats(g: &Graph) -> String {
     let n = g.len();
     let edges: usize = (0..n as u32).map(|v| g.neighbors(v).count()).sum();
-    let empty = (0..n as u32)
-        .filter(|&v| g.neighbors(v).next().is_none())
-        .count();
-    format!(
-        "mean degree {:.2}, empty lists {empty}",
-        edges as f64 / n.max(1) as f64
-    )
+    let empty = (0..n as u32).filter(|&v| g.neighbors(v).next().is_none()).count();
+    format!("mean degree {:.2}, empty lists {empty}", edges as f64 / n.max(1) as f64)
 }
 
 fn print_recall(label: &str, r: &[(f64, f64)]) {
-    let cells: Vec<String> = EFS
-        .iter()
-        .zip(r)
-        .map(|(ef, (rc, qps))| format!("ef{ef} {rc:.4} ({:.0} qps)", qps))
-        .collect();
+    let cells: Vec<String> =
+        EFS.iter().zip(r).map(|(ef, (rc, qps))| format!("ef{ef} {rc:.4} ({:.0} qps)", qps)).collect();
     println!("recall@10 {label:<28} {}", cells.join("  "));
 }
 
@@ -183,14 +165,10 @@ fn main() {
     let mut verbose = false;
     let mut args = std::env::args().skip(1);
     let next = |a: &str, it: &mut dyn Iterator<Item = String>| {
-        it.next()
-            .unwrap_or_else(|| usage(&format!("{a} needs a value")))
+        it.next().unwrap_or_else(|| usage(&format!("{a} needs a value")))
     };
     while let Some(a) = args.next() {
-        let num = |s: String| {
-            s.parse::<f64>()
-                .unwrap_or_else(|_| usage(&format!("{a}: not a number")))
-        };
+        let num = |s: String| s.parse::<f64>().unwrap_or_else(|_| usage(&format!("{a}: not a number")));
         match a.as_str() {
             "--base" => base_path = Some(next(&a, &mut args)),
             "--query" => query_path = Some(next(&a, &mut args)),
@@ -208,19 +186,15 @@ fn main() {
             "--no-cpu" => run_cpu = false,
             "--knn-check-rows" => knn_rows = Some(num(next(&a, &mut args)) as usize),
             "--knn-k" => {
-                knn_ks = next(&a, &mut args)
-                    .split(',')
-                    .map(|s| s.parse().unwrap_or_else(|_| usage("--knn-k")))
-                    .collect()
+                knn_ks =
+                    next(&a, &mut args).split(',').map(|s| s.parse().unwrap_or_else(|_| usage("--knn-k"))).collect()
             }
             "--skip-builds" => skip_builds = true,
             "--no-cancel-test" => cancel_test = false,
             "--knn-sample" => knn_sample = num(next(&a, &mut args)) as usize,
             "--knn-bench" => {
-                knn_bench = next(&a, &mut args)
-                    .split(',')
-                    .map(|s| s.parse().unwrap_or_else(|_| usage("--knn-bench")))
-                    .collect()
+                knn_bench =
+                    next(&a, &mut args).split(',').map(|s| s.parse().unwrap_or_else(|_| usage("--knn-bench"))).collect()
             }
             "--verbose" => verbose = true,
             _ => usage(&format!("unknown argument {a}")),
@@ -253,11 +227,7 @@ fn main() {
         i.libcuda,
         i.libnvrtc
     );
-    println!(
-        "open {:.0} ms (of which compile+load {:.0} ms)",
-        t.elapsed().as_secs_f64() * 1e3,
-        gpu.compile_ms
-    );
+    println!("open {:.0} ms (of which compile+load {:.0} ms)", t.elapsed().as_secs_f64() * 1e3, gpu.compile_ms);
 
     // data
     let t = Instant::now();
@@ -268,8 +238,7 @@ fn main() {
     }
     let truth: Vec<Vec<(u32, f64)>> = match &gt_path {
         Some(p) => {
-            let gt = read_ivecs(Path::new(p), Some(queries.len()))
-                .unwrap_or_else(|e| usage(&format!("{p}: {e}")));
+            let gt = read_ivecs(Path::new(p), Some(queries.len())).unwrap_or_else(|e| usage(&format!("{p}: {e}")));
             truth_from_ids(&base, &queries, &gt, K, Metric::L2)
         }
         None => exact_knn(&base.data, base.dim, &queries.data, K, Metric::L2),
@@ -291,11 +260,7 @@ fn main() {
         label: "gpu".into(),
         params,
         knn,
-        opts: GpuOptions {
-            verbose,
-            verify_cut: true,
-            ..Default::default()
-        },
+        opts: GpuOptions { verbose, verify_cut: true, ..Default::default() },
     }];
     for spec in &variants {
         let mut v = vlist[0].clone();
@@ -313,15 +278,7 @@ fn main() {
         let mut graph = None;
         for rep in 0..reps {
             let t = Instant::now();
-            match build_with(
-                &gpu,
-                &base.data,
-                base.dim,
-                &v.params,
-                v.knn,
-                &v.opts,
-                &|| false,
-            ) {
+            match build_with(&gpu, &base.data, base.dim, &v.params, v.knn, &v.opts, &|| false) {
                 Ok((g, pt)) => {
                     println!(
                         "build {:<28} total {:.1} ms (wall {:.1}): upload {:.1}, start {:.1} ({}), refine {:.1} ({} rounds{}), final cut {:.1}, download {:.1}, medoid {:.1}",
@@ -370,15 +327,9 @@ fn main() {
     // the CPU build
     if run_cpu {
         let t = Instant::now();
-        let g = rnn_descent::build(&base.data, base.dim, &params, &mut |_: usize, _: usize| {
-            true
-        })
-        .expect("not canceled");
-        println!(
-            "build {:<28} total {:.1} ms",
-            "cpu (engine)",
-            t.elapsed().as_secs_f64() * 1e3
-        );
+        let g =
+            rnn_descent::build(&base.data, base.dim, &params, &mut |_: usize, _: usize| true).expect("not canceled");
+        println!("build {:<28} total {:.1} ms", "cpu (engine)", t.elapsed().as_secs_f64() * 1e3);
         println!("      {}", graph_stats(&g));
         let r = evaluate(&g, &base, &queries, &truth);
         print_recall("cpu (engine)", &r);
@@ -400,22 +351,13 @@ fn main() {
         let free0 = gpu.mem_info().map(|m| m.0).unwrap_or(0);
         let calls = std::cell::Cell::new(0);
         let t = Instant::now();
-        let r = build_with(
-            &gpu,
-            &base.data,
-            base.dim,
-            &params,
-            KnnInit::Random,
-            &GpuOptions::default(),
-            &|| {
-                calls.set(calls.get() + 1);
-                calls.get() > 3
-            },
-        );
+        let r = build_with(&gpu, &base.data, base.dim, &params, KnnInit::Random, &GpuOptions::default(), &|| {
+            calls.set(calls.get() + 1);
+            calls.get() > 3
+        });
         let ms = t.elapsed().as_secs_f64() * 1e3;
         let free1 = gpu.mem_info().map(|m| m.0).unwrap_or(0);
-        let ok =
-            matches!(r, Err(gpu_graph_gpu::GpuError::Cancelled)) && free1 + (64 << 20) >= free0;
+        let ok = matches!(r, Err(gpu_graph_gpu::GpuError::Cancelled)) && free1 + (64 << 20) >= free0;
         println!(
             "{}  cancel after 3 checks: {:?} in {ms:.1} ms; free device memory {} MiB before, {} MiB after",
             if ok { "ok  " } else { "FAIL" },
@@ -448,9 +390,7 @@ fn main() {
                             let row = &data[v * base.dim..(v + 1) * base.dim];
                             let mut all: Vec<(f32, u32)> = (0..kn)
                                 .filter(|&u| u != v)
-                                .map(|u| {
-                                    (l2sq(row, &data[u * base.dim..(u + 1) * base.dim]), u as u32)
-                                })
+                                .map(|u| (l2sq(row, &data[u * base.dim..(u + 1) * base.dim]), u as u32))
                                 .collect();
                             all.sort_unstable_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
                             let kth = all[k - 1].0;
@@ -463,15 +403,10 @@ fn main() {
                                 if id as usize >= kn || id as usize == v || !seen.insert(id) {
                                     return Some(format!("row {v}: bad id {id} at {j}"));
                                 }
-                                let d = l2sq(
-                                    row,
-                                    &data[id as usize * base.dim..(id as usize + 1) * base.dim],
-                                );
+                                let d = l2sq(row, &data[id as usize * base.dim..(id as usize + 1) * base.dim]);
                                 let tol = 1e-5 * kth.abs().max(1e-30);
                                 if d > kth + tol {
-                                    return Some(format!(
-                                        "row {v}: id {id} at {d} beyond the true k-th {kth}"
-                                    ));
+                                    return Some(format!("row {v}: id {id} at {d} beyond the true k-th {kth}"));
                                 }
                                 let gd = g.dists[v * g.k + j];
                                 if (gd - d).abs() > 1e-5 * d.abs().max(1e-30) + 1e-6 {
@@ -482,11 +417,11 @@ fn main() {
                         })
                         .collect();
                     println!(
-                    "exact k-NN (k {k}) of {kn} rows: {:.1} ms; {} of {} sampled rows differ from brute force",
-                    ms,
-                    bad.len(),
-                    sample.len()
-                );
+                        "exact k-NN (k {k}) of {kn} rows: {:.1} ms; {} of {} sampled rows differ from brute force",
+                        ms,
+                        bad.len(),
+                        sample.len()
+                    );
                     for b in bad.iter().take(5) {
                         println!("      {b}");
                     }
@@ -502,14 +437,8 @@ fn main() {
     // recall (300 queries, ground truth of the prefix by brute force)
     for &nb in &knn_bench {
         let nb = nb.min(base.len());
-        let prefix = Matrix {
-            dim: base.dim,
-            data: base.data[..nb * base.dim].to_vec(),
-        };
-        let qs = Matrix {
-            dim: queries.dim,
-            data: queries.data[..300.min(queries.len()) * queries.dim].to_vec(),
-        };
+        let prefix = Matrix { dim: base.dim, data: base.data[..nb * base.dim].to_vec() };
+        let qs = Matrix { dim: queries.dim, data: queries.data[..300.min(queries.len()) * queries.dim].to_vec() };
         let tr = exact_knn(&prefix.data, prefix.dim, &qs.data, K, Metric::L2);
         for (label, init) in [("random", KnnInit::Random), ("exact", KnnInit::Exact)] {
             let o = GpuOptions::default();

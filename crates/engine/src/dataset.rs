@@ -76,13 +76,60 @@ fn read_vecs<T>(path: &Path, limit: Option<usize>, width: usize, decode: impl Fn
     Ok(out)
 }
 
-/// Where the benchmark and test data sets lie: `$GPU_GRAPH_DATA`, else the
-/// `shared/data` folder beside the repository.
+/// Rows in a `.fvecs`, `.bvecs` or `.ivecs` file, from its first row's
+/// dimension and its size (0 for an empty file), without reading the rest.
+/// A size that is not a whole number of rows is an error.
+pub fn count_rows(path: &Path) -> io::Result<usize> {
+    let width = match path.extension().and_then(|e| e.to_str()) {
+        Some("bvecs") => 1,
+        Some("fvecs" | "ivecs") => 4,
+        _ => {
+            return Err(io::Error::new(
+                ErrorKind::InvalidInput,
+                format!("{}: expected a .fvecs, .bvecs or .ivecs file", path.display()),
+            ))
+        }
+    };
+    let mut f = File::open(path)?;
+    let len = f.metadata()?.len();
+    if len == 0 {
+        return Ok(0);
+    }
+    let mut head = [0u8; 4];
+    f.read_exact(&mut head).map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
+    let dim = i32::from_le_bytes(head);
+    let row = 4 + dim.max(0) as u64 * width;
+    if dim <= 0 || len % row != 0 {
+        return Err(io::Error::new(
+            ErrorKind::InvalidData,
+            format!("{}: {len} bytes is not a whole number of rows of dimension {dim}", path.display()),
+        ));
+    }
+    Ok((len / row) as usize)
+}
+
+/// Where the benchmark and test data sets lie: `$GPU_GRAPH_DATA` when it is
+/// set (and not empty); else `../shared/data` beside the repository when
+/// that folder exists (the full sets); else the repository's own `data/` (a
+/// prefix of each set, committed; see data/README.md). scripts/lib.sh applies
+/// the same rule.
 pub fn data_dir() -> PathBuf {
-    let dir = std::env::var_os("GPU_GRAPH_DATA")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data"));
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let dir = resolve_data_dir(std::env::var_os("GPU_GRAPH_DATA"), &root);
     std::fs::canonicalize(&dir).unwrap_or(dir)
+}
+
+/// The rule of [`data_dir`] for a given `GPU_GRAPH_DATA` and repository root.
+fn resolve_data_dir(env: Option<std::ffi::OsString>, root: &Path) -> PathBuf {
+    if let Some(dir) = env.filter(|v| !v.is_empty()) {
+        return PathBuf::from(dir);
+    }
+    let shared = root.join("../shared/data");
+    if shared.is_dir() {
+        shared
+    } else {
+        root.join("data")
+    }
 }
 
 #[cfg(test)]
@@ -124,7 +171,48 @@ mod tests {
     }
 
     #[test]
+    fn count_rows_from_the_size() {
+        let mut f = Vec::new();
+        for row in [[1u8, 2, 3], [4, 5, 6]] {
+            f.extend(3i32.to_le_bytes());
+            f.extend(row);
+        }
+        let p = write("e.bvecs", &f);
+        assert_eq!(count_rows(&p).unwrap(), 2);
+        let p2 = write("f.bvecs", &f[..f.len() - 1]);
+        assert!(count_rows(&p2).is_err(), "a partial last row");
+        let p3 = write("g.ivecs", &[]);
+        assert_eq!(count_rows(&p3).unwrap(), 0);
+        let p4 = write("h.fvecs", &[2i32.to_le_bytes(), 1f32.to_le_bytes(), 2f32.to_le_bytes()].concat());
+        assert_eq!(count_rows(&p4).unwrap(), 1);
+        assert!(count_rows(Path::new("x.txt")).is_err());
+        for p in [p, p2, p3, p4] {
+            std::fs::remove_file(p).unwrap();
+        }
+    }
+
+    #[test]
+    fn data_dir_rule() {
+        let t = std::env::temp_dir().join(format!("gpu_graph_dataset_{}_rule", std::process::id()));
+        let root = t.join("repo");
+        std::fs::create_dir_all(&root).unwrap();
+        // no ../shared/data beside the repository: its own data/
+        assert_eq!(resolve_data_dir(None, &root), root.join("data"));
+        // an empty variable counts as unset, as in the shell's ${VAR:-...}
+        assert_eq!(resolve_data_dir(Some("".into()), &root), root.join("data"));
+        std::fs::create_dir_all(t.join("shared/data")).unwrap();
+        assert_eq!(resolve_data_dir(None, &root), root.join("../shared/data"));
+        assert_eq!(resolve_data_dir(Some("/elsewhere".into()), &root), PathBuf::from("/elsewhere"));
+        std::fs::remove_dir_all(&t).unwrap();
+    }
+
+    /// The folder the rule picks holds the SIFT set (base, queries and the
+    /// ground truth over the whole base), whichever folder that is.
+    #[test]
     fn data_dir_holds_the_sets() {
-        assert!(data_dir().join("sift128_query.fvecs").exists(), "{}", data_dir().display());
+        let dir = data_dir();
+        for f in ["sift128_base.bvecs", "sift128_query.fvecs", "sift128_groundtruth.ivecs"] {
+            assert!(dir.join(f).is_file(), "no {f} in {}", dir.display());
+        }
     }
 }

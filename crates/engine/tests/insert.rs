@@ -23,7 +23,7 @@ fn check(
     ids: &[u32],
 ) {
     assert_eq!(store.node_count() as usize, BUILT + ADDED);
-    let kth = kth_exact(Metric::L2, &base.data, base.dim, queries);
+    let kth = kth_truth("sift128", Metric::L2, base, queries);
     let r = recall(store, Metric::L2, base, queries, &kth, 40);
     println!("recall@10 at ef 40 over {} rows: {r:.4}", base.len());
     assert!(r >= 0.95, "recall@10 = {r}");
@@ -82,7 +82,7 @@ fn insert_into_empty_store() {
         assert_eq!(insert(&store, all.row(row), row as u64, EF_CONSTRUCTION), row as u32);
     }
     assert_eq!(store.entry(), Some(0));
-    let kth = kth_exact(Metric::L2, &all.data, all.dim, &queries);
+    let kth = kth_truth("sift128", Metric::L2, &all, &queries);
     let r = recall(&store, Metric::L2, &all, &queries, &kth, 40);
     println!("graph grown by inserts alone: recall@10 at ef 40 = {r:.4}");
     assert!(r >= 0.95, "recall@10 = {r}");

@@ -13,16 +13,18 @@ usage: gpu-graph-bench --dataset sift128|minilm384 [options]
        gpu-graph-bench --base FILE --query FILE [--gt FILE] --metric l2|cosine|ip [options]
 
 data
-  --dataset NAME        a set in the data folder (see ../shared/data/README.md)
-  --data DIR            the data folder (default: $GPU_GRAPH_DATA, else the
-                        shared/data folder beside the repository)
+  --dataset NAME        a set in the data folder (see the folder's README.md)
+  --data DIR            the data folder (default: $GPU_GRAPH_DATA, else
+                        ../shared/data beside the repository when it exists,
+                        else the repository's data/, a small sample)
   --base/--query/--gt FILE   .fvecs/.bvecs base and queries, .ivecs ground truth
                         over the whole base file (instead of --dataset)
   --metric l2|cosine|ip the operator and operator class (required with --base;
                         with --dataset another metric than the set's gets
                         brute-force ground truth)
-  --rows N              load the first N base rows (default: all)
-  --queries N           run the first N queries (default: all)
+  --rows N              load the first N base rows (default: all; a file
+                        with fewer rows is loaded whole, and a note says so)
+  --queries N           run the first N queries (default: all; likewise)
   -k N                  LIMIT and recall@k (default 10)
 
 index and sweep

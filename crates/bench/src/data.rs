@@ -21,7 +21,9 @@ pub struct Spec {
 /// One query's exact neighbours: (row, operator distance), nearest first.
 pub type Truth = Vec<(u32, f64)>;
 
-/// The sets of ../shared/data (see its README.md).
+/// The sets of a data folder: the full sets (../shared/data beside the
+/// repository) or the repository's sample (data/), which uses the same file
+/// names; see each folder's README.md.
 pub fn known(name: &str, dir: &Path) -> Result<Spec, String> {
     let f = |s: &str| dir.join(s);
     match name {
@@ -60,10 +62,8 @@ pub fn read_vectors(path: &Path, limit: Option<usize>) -> Result<Vectors, String
 
 /// Rows in an .fvecs/.bvecs file, from its size (each row: a 4-byte dimension
 /// and `dim` values).
-pub fn rows_in_file(path: &Path, dim: usize) -> Result<usize, String> {
-    let elem = if path.extension().and_then(|e| e.to_str()) == Some("bvecs") { 1 } else { 4 };
-    let len = std::fs::metadata(path).map_err(|e| format!("{}: {e}", path.display()))?.len() as usize;
-    Ok(len / (4 + dim * elem))
+pub fn rows_in_file(path: &Path) -> Result<usize, String> {
+    dataset::count_rows(path).map_err(|e| format!("{}: {e}", path.display()))
 }
 
 /// For each query, its `k` exact nearest neighbours among the first `rows`
@@ -141,4 +141,27 @@ pub fn ground_truth_without(
         .into_iter()
         .map(|t| t.into_iter().map(|(j, d)| (keep[j as usize] as u32, d)).collect())
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Whichever folder the rule picks (the full sets or the sample), the
+    /// ground truth for a prefix equals brute force over that prefix.
+    #[test]
+    fn ground_truth_is_exact_for_a_prefix() {
+        let spec = known("sift128", &dataset::data_dir()).unwrap();
+        let in_file = rows_in_file(&spec.base).unwrap();
+        let queries = read_vectors(&spec.query, Some(20)).unwrap();
+        for rows in [2_000, in_file.min(25_000)] {
+            let base = read_vectors(&spec.base, Some(rows)).unwrap();
+            let (gt, how) = ground_truth(&spec, &base, in_file, &queries, 10).unwrap();
+            let exact = recall::exact_knn(&base.data, base.dim, &queries.data, 10, spec.metric);
+            for (q, (g, e)) in gt.iter().zip(&exact).enumerate() {
+                let d = |t: &Truth| t.iter().map(|x| x.1).collect::<Vec<_>>();
+                assert_eq!(d(g), d(e), "{rows} rows, query {q}, ground truth from {how}");
+            }
+        }
+    }
 }

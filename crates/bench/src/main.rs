@@ -2,7 +2,7 @@
 //! gpu_graph.ef_search and report build time, index size, recall@k,
 //! queries/s and latency, as a table and optionally a CSV. `--help` for usage.
 //!
-//! Recall is tie-aware (../shared/data/README.md): a returned row counts when
+//! Recall is tie-aware (data/README.md): a returned row counts when
 //! its distance to the query is at most the true k-th neighbour's. Distances
 //! are recomputed here from the vectors read from the files, so the server's
 //! arithmetic cannot flatter itself; the distances the server returns are
@@ -72,14 +72,22 @@ fn run(a: &Args) -> Result<(), String> {
 
     let mut c = db::connect(a, true)?; // first, to fail fast
 
+    // --rows and --queries are upper bounds: a smaller file (the repository's
+    // sample) is used whole, and the line below says so; what is reported
+    // (the header line, the CSV's rows) is what was loaded
+    let base_rows_in_file = data::rows_in_file(&spec.base)?;
     let base = data::read_vectors(&spec.base, a.rows)?;
-    let base_rows_in_file = data::rows_in_file(&spec.base, base.dim)?;
-    if let Some(r) = a.rows {
-        if r > base.len() {
-            return Err(format!("--rows {r}: {} holds only {} rows", spec.base.display(), base.len()));
-        }
+    if let Some(r) = a.rows.filter(|&r| r > base.len()) {
+        println!("note: --rows {r}, but {} holds {} rows: loading all of them", spec.base.display(), base.len());
     }
     let queries = data::read_vectors(&spec.query, a.queries)?;
+    if let Some(n) = a.queries.filter(|&n| n > queries.len()) {
+        println!(
+            "note: --queries {n}, but {} holds {} queries: running all of them",
+            spec.query.display(),
+            queries.len()
+        );
+    }
     if queries.dim != base.dim {
         return Err(format!("queries have {} dimensions, base rows {}", queries.dim, base.dim));
     }

@@ -11,6 +11,11 @@
 # time, index size, recall@10, queries/s and latency per setting. To measure a
 # server of your own, run the binary ($CARGO_TARGET_DIR/release/gpu-graph-bench)
 # with --host/--port/--dbname/--user or the PG* variables.
+#
+# --dataset reads the data folder of scripts/lib.sh: GPU_GRAPH_DATA when set,
+# else ../shared/data beside the clone when it exists, else the clone's own
+# data/ (a sample: 25,000 SIFT rows, 900 MiniLM rows; data/README.md). A
+# --rows larger than the file loads every row there is, and says so.
 set -euo pipefail
 # shellcheck source=scripts/cluster.sh
 source "$(dirname "${BASH_SOURCE[0]}")/cluster.sh"

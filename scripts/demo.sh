@@ -1,26 +1,30 @@
 #!/usr/bin/env bash
 # The demo (README command 1): install what is missing, then in a throwaway
-# PostgreSQL 15 cluster load the first 100,000 SIFT descriptors of
-# ../shared/data into items(id int, embedding real[]) by COPY, build a
-# gpu_graph index, run the 1,000 held-out queries
+# PostgreSQL 15 cluster load up to 100,000 SIFT descriptors (the first rows of
+# sift128_base.bvecs in the data folder) into items(id int, embedding real[])
+# by COPY, build a gpu_graph index, run the held-out queries
 #   SELECT id FROM items ORDER BY embedding <-> $1 LIMIT 10
 # at the default gpu_graph.ef_search, and print recall@10 against the exact
 # ground truth, latency and a few answers. The cluster is removed at the end.
 #
 #   bash scripts/demo.sh
 #
-# GPU_GRAPH_DATA overrides the data folder; DEMO_ROWS the row count (rows
-# beyond the 100,000 of the shipped ground truth get exact ground truth by
-# brute force first).
+# The data folder (scripts/lib.sh): GPU_GRAPH_DATA when set, else
+# ../shared/data beside the clone when it exists (the full set: 100,000 rows,
+# 1,000 queries), else the clone's own data/ (a sample: all of its 25,000
+# rows, 200 queries). DEMO_ROWS sets the row count (an upper bound); the
+# ground truth comes from the folder's files when they cover the rows loaded,
+# else by brute force.
 set -euo pipefail
 # shellcheck source=scripts/cluster.sh
 source "$(dirname "${BASH_SOURCE[0]}")/cluster.sh"
 cd "$GG_ROOT"
 
 rows=${DEMO_ROWS:-100000}
-for f in sift128_base.bvecs sift128_query.fvecs sift128_groundtruth_100000.ivecs; do
-  [ -f "$GPU_GRAPH_DATA/$f" ] || gg_die "no $GPU_GRAPH_DATA/$f (set GPU_GRAPH_DATA to the data folder)"
+for f in sift128_base.bvecs sift128_query.fvecs; do
+  [ -f "$GPU_GRAPH_DATA/$f" ] || gg_die "no $GPU_GRAPH_DATA/$f (set GPU_GRAPH_DATA to a data folder, such as $GG_ROOT/data)"
 done
+echo "data: $GPU_GRAPH_DATA"
 
 bash scripts/setup.sh
 gg_build_bench

@@ -4,8 +4,11 @@
 #   CARGO_TARGET_DIR outside the clone, so a warm machine reuses one build
 #                    (an existing value is kept)
 #   PG_CONFIG        Debian's PostgreSQL 15 pg_config (an existing value is kept)
-#   GPU_GRAPH_DATA   the benchmark/test data (an existing value is kept;
-#                    default: ../shared/data beside the clone)
+#   GPU_GRAPH_DATA   the benchmark/test data folder: an existing (non-empty)
+#                    value is kept; else ../shared/data beside the clone when
+#                    that folder exists (the full sets); else the clone's own
+#                    data/ (a small sample; data/README.md). The same rule as
+#                    engine::dataset::data_dir() in Rust.
 # and defines gg_say, gg_die, gg_on_exit (EXIT handlers that add up rather than
 # replace one another) and gg_as_pg (run a command as the cluster's OS user).
 
@@ -14,7 +17,14 @@ export GG_ROOT
 
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$HOME/.cache/gpu_graph/target}
 export PG_CONFIG=${PG_CONFIG:-/usr/lib/postgresql/15/bin/pg_config}
-export GPU_GRAPH_DATA=${GPU_GRAPH_DATA:-$GG_ROOT/../shared/data}
+if [ -z "${GPU_GRAPH_DATA:-}" ]; then
+  if [ -d "$GG_ROOT/../shared/data" ]; then
+    GPU_GRAPH_DATA=$(cd "$GG_ROOT/../shared/data" && pwd)
+  else
+    GPU_GRAPH_DATA=$GG_ROOT/data
+  fi
+fi
+export GPU_GRAPH_DATA
 case ":$PATH:" in *":$HOME/.cargo/bin:"*) ;; *) [ -d "$HOME/.cargo/bin" ] && export PATH="$HOME/.cargo/bin:$PATH" ;; esac
 export DEBIAN_FRONTEND=noninteractive
 

@@ -5,7 +5,10 @@
 #
 #   bash scripts/gpu-stage.sh
 #   # then, on the GPU machine:
-#   source .device/device-pg "shared_preload_libraries = 'gpu_graph'"; bash scripts/gpu-test.sh
+#   source .device/device-pg "shared_preload_libraries = 'gpu_graph'"; bash tests/gpu/build.sh
+#
+# (tests/gpu/ holds the GPU test scripts: build.sh, then worker.sh and
+# worker-sweep.sh on the same server.)
 set -euo pipefail
 # shellcheck source=scripts/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"

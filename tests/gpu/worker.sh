@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# The GPU search worker on the GPU machine (issue 4). Run there after
-# scripts/gpu-test.sh, in the same call (it reuses its 1M-row table `items`
+# The GPU search worker on the GPU machine. Run there after
+# tests/gpu/build.sh, in the same call (it reuses its 1M-row table `items`
 # and /tmp/sift), on a server started with shared_preload_libraries = 'gpu_graph':
 #
 #   source .device/device-pg "shared_preload_libraries = 'gpu_graph'"
-#   bash scripts/gpu-test.sh && bash scripts/gpu-worker-test.sh
+#   bash tests/gpu/build.sh && bash tests/gpu/worker.sh
 #
 # 1. recall@10 of scans served by the worker's persistent kernel against the
 #    CPU scan at equal ef_search (within 0.01), single-client latency;

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Throughput of the search worker against ef_search, on the GPU machine, on a
 # server with gpu_graph preloaded and the 1M-row table `items` indexed (as
-# scripts/gpu-test.sh leaves it) and `queries` loaded (gpu-worker-test.sh):
+# tests/gpu/build.sh leaves it) and `queries` loaded (tests/gpu/worker.sh):
 # recall@10 through the worker (gpu-graph-bench, 1000 queries) and pgbench
 # queries/s with p50/p99 for each client count and ef_search.
 #
-#   bash scripts/gpu-worker-sweep.sh "12 16 20" "16 64" [SECONDS]
+#   bash tests/gpu/worker-sweep.sh "12 16 20" "16 64" [SECONDS]
 set -euo pipefail
 efs=${1:-"12 16 20"}
 clients=${2:-"16 64"}

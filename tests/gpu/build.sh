@@ -2,7 +2,7 @@
 # The GPU test suite: run ON the GPU machine (the `device` tool), from the
 # repository root, after staging here with `bash scripts/gpu-stage.sh`:
 #
-#   source .device/device-pg; bash scripts/gpu-test.sh [ROWS]
+#   source .device/device-pg; bash tests/gpu/build.sh [ROWS]
 #
 # 1. generates ROWS (default 1,000,000) real SIFT vectors with ground truth
 #    (make_sift128.py, on the GPU, about a minute);

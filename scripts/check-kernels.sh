@@ -4,35 +4,23 @@
 #
 #   bash scripts/check-kernels.sh [--arch compute_90] [--arch sm_90] ...
 #
-# NVRTC comes from PyPI (the nvidia-cuda-nvrtc wheel, with the runtime and crt
-# headers beside it) in a virtual environment cached under
-# $HOME/.cache/gpu_graph/nvrtc-venv. The compile runs through
+# NVRTC 13.0 comes from PyPI through scripts/nvrtc.sh (the nvidia-cuda-nvrtc
+# wheel, with the runtime and crt headers beside it, in a virtual environment
+# cached under $HOME/.cache/gpu_graph/nvrtc-venv). The compile runs through
 # gpu-graph-nvrtc-check (crates/gpu), which calls the very compile function of
 # the extension (crates/gpu/src/nvrtc.rs) on the files of the working tree.
-# Default targets: compute_90 (PTX, what the brief asks) and sm_90 (a CUBIN,
-# what the extension loads on a Hopper; it also runs ptxas, which warns about
-# things PTX generation does not). One line per kernel; exit status 1 if any
-# kernel failed or warned.
+# Default targets: compute_90 (PTX for Hopper, the GPUs the extension is
+# measured on: the form the extension compiles to when its NVRTC cannot give
+# the device's own machine code, for the driver to compile at load) and
+# sm_90 (a CUBIN, what the extension loads on a Hopper; it also runs ptxas,
+# which warns about things PTX generation does not). One line per kernel;
+# exit status 1 if any kernel failed or warned.
 set -euo pipefail
 # shellcheck source=scripts/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cd "$GG_ROOT"
 
-PKGS=(nvidia-cuda-nvrtc==13.0.88 nvidia-cuda-runtime==13.0.96 nvidia-cuda-crt==13.0.88)
-VENV=$HOME/.cache/gpu_graph/nvrtc-venv
-STAMP=$VENV/.gpu_graph-pkgs
-
-if [ ! -x "$VENV/bin/python" ]; then
-  gg_say "creating $VENV"
-  python3 -m venv "$VENV" || gg_die "python3 -m venv failed (install python3-venv)"
-fi
-if [ "$(cat "$STAMP" 2>/dev/null)" != "${PKGS[*]}" ]; then
-  gg_say "installing ${PKGS[*]}"
-  "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "${PKGS[@]}"
-  echo "${PKGS[*]}" > "$STAMP"
-fi
-SP=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/nvidia/cu13
-[ -f "$SP/lib/libnvrtc.so.13" ] || gg_die "no libnvrtc.so.13 under $SP/lib"
+SP=$(bash "$GG_ROOT/scripts/nvrtc.sh") || gg_die "no NVRTC (scripts/nvrtc.sh failed)"
 
 cargo build --release --quiet -p gpu_graph_gpu --example gpu-graph-nvrtc-check
 CHECK=$CARGO_TARGET_DIR/release/examples/gpu-graph-nvrtc-check

@@ -51,49 +51,58 @@ mod x86 {
         step: impl Fn(__m256, __m256, __m256) -> __m256,
         tail: impl Fn(f32, f32) -> f32,
     ) -> f32 {
-        let n = a.len().min(b.len());
-        let (pa, pb) = (a.as_ptr(), b.as_ptr());
-        let mut acc = [_mm256_setzero_ps(); 4];
-        let mut i = 0;
-        while i + 32 <= n {
-            for (j, acc) in acc.iter_mut().enumerate() {
-                let x = _mm256_loadu_ps(pa.add(i + 8 * j));
-                let y = _mm256_loadu_ps(pb.add(i + 8 * j));
-                *acc = step(*acc, x, y);
+        // SAFETY: `sum` is inlined into the #[target_feature(enable =
+        // "avx2,fma")] functions below, whose callers checked the CPU has
+        // them; every load reads within a[..n] and b[..n].
+        unsafe {
+            let n = a.len().min(b.len());
+            let (pa, pb) = (a.as_ptr(), b.as_ptr());
+            let mut acc = [_mm256_setzero_ps(); 4];
+            let mut i = 0;
+            while i + 32 <= n {
+                for (j, acc) in acc.iter_mut().enumerate() {
+                    let x = _mm256_loadu_ps(pa.add(i + 8 * j));
+                    let y = _mm256_loadu_ps(pb.add(i + 8 * j));
+                    *acc = step(*acc, x, y);
+                }
+                i += 32;
             }
-            i += 32;
+            while i + 8 <= n {
+                acc[0] = step(acc[0], _mm256_loadu_ps(pa.add(i)), _mm256_loadu_ps(pb.add(i)));
+                i += 8;
+            }
+            let v = _mm256_add_ps(_mm256_add_ps(acc[0], acc[2]), _mm256_add_ps(acc[1], acc[3]));
+            let h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+            let h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+            let h = _mm_add_ss(h, _mm_movehdup_ps(h));
+            let mut s = _mm_cvtss_f32(h);
+            while i < n {
+                s += tail(*pa.add(i), *pb.add(i));
+                i += 1;
+            }
+            s
         }
-        while i + 8 <= n {
-            acc[0] = step(acc[0], _mm256_loadu_ps(pa.add(i)), _mm256_loadu_ps(pb.add(i)));
-            i += 8;
-        }
-        let v = _mm256_add_ps(_mm256_add_ps(acc[0], acc[2]), _mm256_add_ps(acc[1], acc[3]));
-        let h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-        let h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-        let h = _mm_add_ss(h, _mm_movehdup_ps(h));
-        let mut s = _mm_cvtss_f32(h);
-        while i < n {
-            s += tail(*pa.add(i), *pb.add(i));
-            i += 1;
-        }
-        s
     }
 
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn l2sq(a: &[f32], b: &[f32]) -> f32 {
-        sum(
-            a,
-            b,
-            |acc, x, y| {
-                let d = _mm256_sub_ps(x, y);
-                _mm256_fmadd_ps(d, d, acc)
-            },
-            |x, y| (x - y) * (x - y),
-        )
+        // SAFETY: this function's features are sum's requirement
+        unsafe {
+            sum(
+                a,
+                b,
+                |acc, x, y| {
+                    let d = _mm256_sub_ps(x, y);
+                    _mm256_fmadd_ps(d, d, acc)
+                },
+                |x, y| (x - y) * (x - y),
+            )
+        }
     }
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn dot(a: &[f32], b: &[f32]) -> f32 {
-        sum(a, b, |acc, x, y| _mm256_fmadd_ps(x, y, acc), |x, y| x * y)
+        // SAFETY: as in l2sq
+        unsafe { sum(a, b, |acc, x, y| _mm256_fmadd_ps(x, y, acc), |x, y| x * y) }
     }
     pub fn has_avx2() -> bool {
         use std::sync::OnceLock;

@@ -1,4 +1,5 @@
-//! An in-memory [`GraphMut`] implementation (tests, benchmarks, build output).
+//! An in-memory [`GraphMut`] implementation (tests, benchmarks), made from a
+//! [`FlatIndex`].
 //!
 //! Locking: one `RwLock` over the node arrays, read-locked by every access
 //! and write-locked only by `allocate` (which grows the arrays or rewrites a
@@ -9,19 +10,19 @@
 //! the store.
 
 use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
-use std::sync::{Mutex, MutexGuard, RwLock, RwLockReadGuard};
 
+use parking_lot::{Mutex, RwLock, RwLockReadGuard};
+
+use crate::flat::FlatIndex;
 use crate::graph::Graph;
+use crate::node::{DELETED, FREE, LIVE};
 use crate::store::{GraphMut, GraphView, Visit};
 use crate::NO_NODE;
-
-const LIVE: u8 = 0;
-const DELETED: u8 = 1;
-const FREE: u8 = 2;
 
 struct Nodes {
     vectors: Vec<f32>,
     payloads: Vec<u64>,
+    /// [`crate::node`] flags
     states: Vec<AtomicU8>,
     lists: Vec<Mutex<Vec<u32>>>,
 }
@@ -48,32 +49,32 @@ impl MemoryStore {
         }
     }
 
-    /// A store holding a built graph: `vectors` are its n stored vectors
-    /// (n × `stored_dim`), `payloads` one per node.
-    pub fn from_graph(graph: &Graph, vectors: Vec<f32>, stored_dim: usize, payloads: Vec<u64>) -> MemoryStore {
-        let n = payloads.len();
-        assert_eq!(vectors.len(), n * stored_dim, "one stored vector per payload");
-        assert_eq!(graph.len(), n, "one neighbour list per payload");
-        let lists = (0..n as u32).map(|v| Mutex::new(graph.neighbors(v).collect())).collect();
-        let nodes = Nodes { vectors, payloads, states: (0..n).map(|_| AtomicU8::new(LIVE)).collect(), lists };
+    /// A store holding a flat index (its flags included), with one payload per node.
+    pub fn from_flat(index: FlatIndex, payloads: Vec<u64>) -> MemoryStore {
+        let FlatIndex { stored_dim, vectors, flags, graph, .. } = index;
+        assert_eq!(payloads.len(), flags.len(), "one payload per node");
+        let lists = (0..flags.len() as u32).map(|v| Mutex::new(graph.neighbors(v).collect())).collect();
+        let free = (0..flags.len() as u32).filter(|&v| flags[v as usize] & FREE != 0).collect();
+        let nodes = Nodes { vectors, payloads, states: flags.into_iter().map(AtomicU8::new).collect(), lists };
         MemoryStore {
             stored_dim,
             degree: graph.degree,
             nodes: RwLock::new(nodes),
             entry: AtomicU32::new(graph.entry.unwrap_or(NO_NODE)),
-            free_slots: Mutex::new(Vec::new()),
+            free_slots: Mutex::new(free),
         }
     }
 
-    fn read(&self) -> RwLockReadGuard<'_, Nodes> {
-        // a panic elsewhere cannot leave the arrays half-written: every
-        // write under the lock is a plain push or copy
-        self.nodes.read().unwrap_or_else(|e| e.into_inner())
+    /// A store holding a built graph over `vectors` (n × `stored_dim`), every node live.
+    pub fn from_graph(graph: &Graph, vectors: Vec<f32>, stored_dim: usize, payloads: Vec<u64>) -> MemoryStore {
+        // the metric does not matter here: the store holds stored vectors
+        let flat = FlatIndex::new(crate::metric::Metric::L2, stored_dim, vectors, graph.clone());
+        MemoryStore::from_flat(flat, payloads)
     }
-}
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
+    fn read(&self) -> RwLockReadGuard<'_, Nodes> {
+        self.nodes.read()
+    }
 }
 
 impl GraphView for MemoryStore {
@@ -103,7 +104,7 @@ impl GraphView for MemoryStore {
         out.clear();
         let nodes = self.read();
         if let Some(l) = nodes.lists.get(node as usize) {
-            out.extend_from_slice(&lock(l));
+            out.extend_from_slice(&l.lock());
         }
     }
 }
@@ -111,13 +112,13 @@ impl GraphView for MemoryStore {
 impl GraphMut for MemoryStore {
     fn allocate(&self, stored: &[f32], payload: u64) -> u32 {
         assert_eq!(stored.len(), self.stored_dim);
-        let mut nodes = self.nodes.write().unwrap_or_else(|e| e.into_inner());
+        let mut nodes = self.nodes.write();
         // popped under the write lock, so no reader sees the slot half-written
-        if let Some(id) = lock(&self.free_slots).pop() {
+        if let Some(id) = self.free_slots.lock().pop() {
             let i = id as usize;
             nodes.vectors[i * self.stored_dim..(i + 1) * self.stored_dim].copy_from_slice(stored);
             nodes.payloads[i] = payload;
-            lock(&nodes.lists[i]).clear();
+            nodes.lists[i].lock().clear();
             nodes.states[i].store(LIVE, Ordering::Release);
             return id;
         }
@@ -131,7 +132,7 @@ impl GraphMut for MemoryStore {
     }
     fn update_neighbors(&self, node: u32, f: &mut dyn FnMut(&mut Vec<u32>) -> bool) {
         let nodes = self.read();
-        let mut list = lock(&nodes.lists[node as usize]);
+        let mut list = nodes.lists[node as usize].lock();
         let mut copy = list.clone();
         if f(&mut copy) {
             copy.truncate(self.degree);
@@ -150,8 +151,8 @@ impl GraphMut for MemoryStore {
         let nodes = self.read();
         let i = node as usize;
         if nodes.states[i].compare_exchange(DELETED, FREE, Ordering::AcqRel, Ordering::Acquire).is_ok() {
-            lock(&nodes.lists[i]).clear();
-            lock(&self.free_slots).push(node);
+            nodes.lists[i].lock().clear();
+            self.free_slots.lock().push(node);
         }
     }
 }

@@ -26,11 +26,12 @@
 use rayon::prelude::*;
 
 use crate::distance::prefetch;
-use crate::graph::Graph;
+use crate::graph::{final_cut, Graph};
 use crate::medoid::medoid;
 use crate::metric::graph_distance;
 use crate::params::BuildParams;
 use crate::prune::occludes;
+use crate::random::SplitMix64;
 use crate::NO_NODE;
 
 /// Called on the calling thread between update rounds: `done` of `total`
@@ -257,35 +258,18 @@ pub fn build(vectors: &[f32], stored_dim: usize, params: &BuildParams, progress:
     }
 
     // the final cut: a pool holds its kept entries plus the redirects of the
-    // last round; nearest first, `degree` of them
+    // last round
     let mut adjacency = vec![NO_NODE; n * degree];
     if degree > 0 {
-        adjacency.par_chunks_mut(degree).zip(pools.par_iter_mut()).for_each(|(out, pool)| {
-            sort_dedupe(pool);
-            for (slot, e) in out.iter_mut().zip(pool.iter()) {
-                *slot = e.id;
-            }
-        });
+        adjacency
+            .par_chunks_mut(degree)
+            .zip(pools.par_iter())
+            .enumerate()
+            .for_each_init(Vec::new, |scratch, (v, (out, pool))| {
+                final_cut(v as u32, pool.iter().map(|e| (e.dist, e.id)), scratch, out)
+            });
     }
     Some(Graph { degree, adjacency, entry: medoid(vectors, stored_dim) })
-}
-
-/// A tiny fast generator (Steele, Lea & Flood's SplitMix64): plenty for
-/// picking random initial neighbours, and no dependency.
-struct SplitMix64(u64);
-
-impl SplitMix64 {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    /// Uniform in 0..n (Lemire's multiply-shift; the bias is below 2^-32).
-    fn below(&mut self, n: u32) -> u32 {
-        (((self.next() >> 32) * n as u64) >> 32) as u32
-    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,132 @@
+//! An index in flat arrays: the one shape in which a whole index travels
+//! between the parts of gpu_graph. A build produces its [`Graph`] over the
+//! vectors it was given; the GPU search server uploads a `FlatIndex`; the
+//! search worker reads an index's pages into one (and searches it with the
+//! engine's search in its CPU test mode); the CPU model of the GPU search
+//! kernel runs on one. [`crate::memory::MemoryStore`], the store that takes
+//! concurrent inserts and deletes, is made from one.
+
+use crate::graph::Graph;
+use crate::metric::Metric;
+use crate::node;
+use crate::store::{GraphView, Visit};
+use crate::NO_NODE;
+
+#[derive(Clone, Debug)]
+pub struct FlatIndex {
+    pub metric: Metric,
+    /// Length of a stored vector ([`Metric::stored_dim`]).
+    pub stored_dim: usize,
+    /// n × `stored_dim` stored vectors ([`Metric::prepare_stored`]).
+    pub vectors: Vec<f32>,
+    /// One byte of [`crate::node`] flags per node.
+    pub flags: Vec<u8>,
+    /// The neighbour lists (n × degree) and the entry point.
+    pub graph: Graph,
+}
+
+impl FlatIndex {
+    /// An index of live nodes: `vectors` (n × `stored_dim`) and a graph over them.
+    pub fn new(metric: Metric, stored_dim: usize, vectors: Vec<f32>, graph: Graph) -> FlatIndex {
+        let n = graph.len();
+        assert!(stored_dim > 0 && vectors.len() == n * stored_dim, "one stored vector per node of the graph");
+        FlatIndex { metric, stored_dim, vectors, flags: vec![node::LIVE; n], graph }
+    }
+
+    /// `n` free nodes with empty lists, to be filled in place (the worker's
+    /// copy of an index's pages). None when the memory cannot be had: an
+    /// allocation failure must not abort the process that asked.
+    pub fn try_free(
+        metric: Metric,
+        stored_dim: usize,
+        degree: usize,
+        n: usize,
+        entry: Option<u32>,
+    ) -> Option<FlatIndex> {
+        Some(FlatIndex {
+            metric,
+            stored_dim,
+            vectors: try_filled(n * stored_dim, 0.0)?,
+            flags: try_filled(n, node::FREE)?,
+            graph: Graph { degree, adjacency: try_filled(n * degree, NO_NODE)?, entry },
+        })
+    }
+
+    /// Host bytes of an index of `n` nodes.
+    pub fn bytes_for(n: usize, stored_dim: usize, degree: usize) -> usize {
+        n * (4 * stored_dim + 4 * degree + 1)
+    }
+
+    pub fn len(&self) -> usize {
+        self.flags.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.flags.is_empty()
+    }
+    pub fn bytes(&self) -> usize {
+        Self::bytes_for(self.len(), self.stored_dim, self.graph.degree)
+    }
+    pub fn vector(&self, node: u32) -> &[f32] {
+        let i = node as usize * self.stored_dim;
+        &self.vectors[i..i + self.stored_dim]
+    }
+}
+
+fn try_filled<T: Clone>(n: usize, value: T) -> Option<Vec<T>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(n).ok()?;
+    v.resize(n, value);
+    Some(v)
+}
+
+/// Searched like the pages: a hit's payload is its node id.
+impl GraphView for FlatIndex {
+    fn stored_dim(&self) -> usize {
+        self.stored_dim
+    }
+    fn degree(&self) -> usize {
+        self.graph.degree
+    }
+    fn node_count(&self) -> u32 {
+        self.len() as u32
+    }
+    fn entry(&self) -> Option<u32> {
+        self.graph.entry
+    }
+    fn visit<F: FnOnce(&[f32]) -> f32>(&self, node: u32, dist: F) -> Option<Visit> {
+        let f = *self.flags.get(node as usize)?;
+        if f & node::FREE != 0 {
+            return None;
+        }
+        Some(Visit { dist: dist(self.vector(node)), payload: node as u64, deleted: f & node::DELETED != 0 })
+    }
+    fn neighbors(&self, node: u32, out: &mut Vec<u32>) {
+        out.clear();
+        if (node as usize) < self.len() {
+            out.extend(self.graph.neighbors(node));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_decide_what_a_visit_sees() {
+        let g = Graph { degree: 2, adjacency: vec![1, 2, 0, NO_NODE, 0, 1], entry: Some(0) };
+        let mut ix = FlatIndex::new(Metric::L2, 1, vec![0.0, 1.0, 2.0], g);
+        ix.flags[1] = node::DELETED;
+        ix.flags[2] = node::FREE;
+        let mut out = Vec::new();
+        ix.neighbors(1, &mut out);
+        assert_eq!(out, vec![0]);
+        assert_eq!(ix.visit(0, |x| x[0]), Some(Visit { dist: 0.0, payload: 0, deleted: false }));
+        assert!(ix.visit(1, |x| x[0]).unwrap().deleted);
+        assert_eq!(ix.visit(2, |x| x[0]), None);
+        assert_eq!(ix.visit(3, |x| x[0]), None);
+        assert_eq!(ix.bytes(), 3 * (4 + 8 + 1));
+        let free = FlatIndex::try_free(Metric::Cosine, 4, 8, 5, None).unwrap();
+        assert!(free.flags.iter().all(|&f| f == node::FREE) && free.graph.adjacency.len() == 40);
+    }
+}

@@ -1,8 +1,11 @@
 # shellcheck shell=bash
 # Shared settings for the scripts in this folder. Source it; it sets:
 #   GG_ROOT          the repository root
-#   CARGO_TARGET_DIR outside the clone, so a warm machine reuses one build
-#                    (an existing value is kept)
+#   CARGO_TARGET_DIR outside the clone, so a warm machine reuses its build:
+#                    one folder per clone path (cargo names a path package's
+#                    artifacts without its path, so two clones sharing one
+#                    folder would run each other's stale builds); an existing
+#                    value is kept
 #   PG_CONFIG        Debian's PostgreSQL 15 pg_config (an existing value is kept)
 #   GPU_GRAPH_DATA   the benchmark/test data folder: an existing (non-empty)
 #                    value is kept; else ../shared/data beside the clone when
@@ -15,7 +18,7 @@
 GG_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 export GG_ROOT
 
-export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$HOME/.cache/gpu_graph/target}
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$HOME/.cache/gpu_graph/target/$(printf %s "$GG_ROOT" | tr -c 'A-Za-z0-9._-' _)}
 export PG_CONFIG=${PG_CONFIG:-/usr/lib/postgresql/15/bin/pg_config}
 if [ -z "${GPU_GRAPH_DATA:-}" ]; then
   if [ -d "$GG_ROOT/../shared/data" ]; then

@@ -1,5 +1,6 @@
-// Exact k-NN graph by a fused GEMM + top-k on tensor cores
-// (003_43ac2470511ad537.txt, section 5.1):
+// Exact k-NN graph by a fused GEMM + top-k on tensor cores (after "CMANNS:
+// GPU-Accelerated Graph Index Construction for ANNS via Compute-Memory
+// Disaggregation", section 5.1):
 //
 //   D = |q|^2 + |c|^2 - 2 Q C^T
 //
@@ -17,30 +18,19 @@
 // overflow, few subnormals, and integer data such as SIFT's 0..255 stays
 // exact. The dot product is divided by scale^2 in the epilogue.
 //
-// Header-free (no mma.h, no cuda_fp16.h): NVRTC has no toolkit headers on a
+// No toolkit header (no mma.h, no cuda_fp16.h): NVRTC has none on a
 // driver-only machine, so the MMA, ldmatrix and fp16 conversions are inline
-// PTX.
+// PTX. The tile sizes are in abi.h (the host sizes its launches by them).
 
-typedef unsigned int u32;
-typedef unsigned short u16;
-typedef unsigned long long u64;
+#include "common.cuh"
 
-#define FULL_MASK 0xFFFFFFFFu
-#define NO_ID 0xFFFFFFFFu
-
-#define BM 128      // rows of a block tile
-#define BN 128      // columns of a block tile
-#define KC 64       // dimensions per shared-memory stage
-#define KPAD 8      // row padding (halves): 144-byte rows, conflict-free ldmatrix
-#define KS (KC + KPAD)
-#define DPAD 4      // distance tile row padding (floats)
-#define THREADS 256 // 8 warps: 2 (rows) x 4 (columns) for the MMA, 16 rows each for top-k
-
-__device__ __forceinline__ u16 f32_to_f16(float f) {
-    u16 h;
-    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
-    return h;
-}
+#define NO_ID GG_NO_NODE
+#define BM GG_KNN_BM
+#define BN GG_KNN_BN
+#define KC GG_KNN_KC
+#define KS (GG_KNN_KC + GG_KNN_KPAD)
+#define DPAD GG_KNN_DPAD
+#define THREADS GG_KNN_THREADS
 
 __device__ __forceinline__ u32 smem_addr(const void* p) {
     u32 a;
@@ -73,7 +63,7 @@ extern "C" __global__ void knn_prep(const float* __restrict__ X, u32 n, u32 dp, 
     for (u32 o = lane; o < dk; o += 32) {
         float x = o < dp ? X[(size_t)row * dp + o] : 0.f;
         acc = fmaf(x, x, acc);
-        Xh[(size_t)row * dk + o] = f32_to_f16(x * scale);
+        Xh[(size_t)row * dk + o] = f2h(x * scale);
     }
     for (u32 m = 16; m > 0; m >>= 1) acc += __shfl_xor_sync(FULL_MASK, acc, m);
     if (lane == 0) norms[row] = acc;
@@ -303,12 +293,8 @@ extern "C" __global__ void knn_rerank(const float* __restrict__ X, u32 n, u32 dp
             const float4* c = (const float4*)(X + (size_t)id * dp);
             acc = 0.f;
             for (u32 o = 0; o < dp / 4; ++o) {
-                float4 a = __ldg(q + o), b = __ldg(c + o);
-                float d0 = a.x - b.x, d1 = a.y - b.y, d2 = a.z - b.z, d3 = a.w - b.w;
-                acc = fmaf(d0, d0, acc);
-                acc = fmaf(d1, d1, acc);
-                acc = fmaf(d2, d2, acc);
-                acc = fmaf(d3, d3, acc);
+                const float4 a = __ldg(q + o), b = __ldg(c + o);
+                acc = sq4(a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w, acc);
             }
         }
         dist[e] = acc;

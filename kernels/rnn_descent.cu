@@ -1,29 +1,25 @@
-// GRNND: GPU-parallel Relative NN-Descent (000_e75164c80b1a33b2.txt,
-// Algorithms 3-6), over squared L2 between stored vectors.
+// GRNND ("GRNND: A GPU-Parallel Relative NN-Descent Algorithm for Efficient
+// Approximate Nearest Neighbor Graph Construction", Algorithms 3-6), over
+// squared L2 between stored vectors; plus the graph kernels that share its
+// distance: the final cut, the fp16 copy, and the prune of given lists.
 //
-// Compiled at run time by NVRTC (crates/gpu/src/nvrtc.rs). The file includes
-// no header at all: NVRTC ships without the toolkit's headers on a machine
-// that only has the driver and libnvrtc, so everything used here is a
-// compiler built-in or inline PTX.
+// Compiled at run time by NVRTC (crates/gpu/src/nvrtc.rs) with abi.h and
+// common.cuh handed over from memory.
 //
-// Layout
+// Layout (abi.h)
 //   X      n rows of `dp` values, dp = the stored dimension rounded up to a
 //          multiple of 4 and zero-padded (vector loads; same L2 distance).
 //          fp32, or fp16 when the host found every value exactly
 //          representable in fp16 (SIFT's integers 0..255 are): the same
 //          distances for half the memory traffic. Never a lossy fp16 copy.
-//   pool   n x R slots of 64 bits, one per candidate:
-//            bits 63..32  the distance to the pool's owner (float bits; a
-//                         squared distance is >= 0, so its bits order as
-//                         the float does and a whole slot orders by distance)
-//            bit  31      "new": not yet tested against the other candidates
-//                         of the same pool (NN-Descent's new/old flag)
-//            bits 30..0   the neighbour id (hence n < 2^31)
-//          EMPTY = all ones: sorts after every real slot.
+//   pool   n x R slots of 64 bits, one per candidate: the distance to the
+//          pool's owner, the "new" bit (not yet tested against the other
+//          candidates of the same pool: NN-Descent's new/old flag) and the id
+//          (hence n < 2^31); GG_POOL_EMPTY = all ones.
 //          Storing the distance in the slot (one 64-bit word) means that
 //          neither the replace-farthest step of Algorithm 6 nor the pair test
 //          ever recomputes d(v, n): the paper leaves this open; recomputing R
-//          distances per insert is ruinous at high dimension (NOTES.md).
+//          distances per insert is ruinous at high dimension.
 //   cnt    n claim counters per pool buffer (slots [0, min(cnt, R)) are
 //          claimed; see warp_insert).
 //
@@ -34,29 +30,28 @@
 //     that order: every candidate is tested against the candidates accepted
 //     before it. This is the reading that fits the paper's ascending /
 //     descending / random ablation (Fig. 7), it evaluates each pair at most
-//     once, and it is Algorithm 2 when the order is ascending (mode bit
-//     MODE_ASCENDING, for measurements).
-//   * Redirect rule: Eq. 2 with strict < (GRNND), symmetric: the farther of
-//     the pair (by distance to v, ties by id) leaves v's pool and is offered
-//     to the nearer one's pool. In a random order the farther one can be an
-//     already accepted candidate: it is then removed ("mark n_far <- bot",
-//     Alg. 4 line 8) and the scan goes on with the current candidate.
-//     MODE_RULE_LE switches to the engine's prune::occludes (<=, a copy of v
-//     prunes only copies). With strict <, a copy of v never prunes a real
-//     neighbour by itself (d(copy, x) = d(v, x)), so copies cannot isolate
-//     a node.
+//     once, and it is Algorithm 2 (the CPU builder's scan) when the order is
+//     ascending (mode bit GG_MODE_ASCENDING, for measurements).
+//   * Redirect rule: the engine's one prune rule (common.cuh's occludes, the
+//     same as gpu_graph_engine::prune::occludes: <=, a copy of v prunes only
+//     copies), applied symmetrically: the farther of the pair (by distance
+//     to v, ties by id) leaves v's pool and is offered to the nearer one's
+//     pool. In a random order the farther one can be an already accepted
+//     candidate: it is then removed ("mark n_far <- bot", Alg. 4 line 8) and
+//     the scan goes on with the current candidate. (GRNND's Eq. 2 prunes on
+//     strict <; one rule for every builder, insert and repair keeps the GPU
+//     and CPU graphs alike, and grnnd_prune below is checked list for list
+//     against the engine's rng_prune.)
 //   * Old-old pairs are not re-tested: two candidates that both survived the
 //     previous round of the same pool were already tested against each other
 //     (Ono & Matsui's flags). An accepted candidate keeps its flag until the
-//     end of the scan (the reference clears flags after the scan); the
-//     engine's CPU path (as of this writing) marks it old on acceptance, so
-//     that later old candidates skip it: MODE_OLD_ON_ACCEPT reproduces that.
-//     Redirected and reverse edges arrive as "new".
+//     end of the scan, as in the CPU builder. Redirected and reverse edges
+//     arrive as "new".
 //   * Double buffer: each round reads pool_in and writes pool_out, which the
 //     host cleared; survivors and redirects both go to pool_out (Alg. 4 lines
 //     7 and 13) and race only for slots, which the inserts arbitrate with
 //     atomics. A redirect waits for the next round (Jacobi order), as in the
-//     engine's CPU path.
+//     CPU builder.
 //   * Insert races (Alg. 6): the de-duplication scan and the slot claim are
 //     separate steps, so two warps can insert the same id into one pool at
 //     the same time. We accept that rare duplicate instead of locking: the
@@ -71,35 +66,21 @@
 //     nearer.
 //   * Reverse edges (Alg. 3 line 14): "the top rho*k neighbours" = the
 //     ceil(rho*k) nearest entries of the pool, k = its size (as the CPU
-//     path), read from a snapshot (the current buffer) and inserted into the
-//     other buffer, which starts as a copy of it, so no warp reads a pool
+//     builder), read from a snapshot (the current buffer) and inserted into
+//     the other buffer, which starts as a copy of it, so no warp reads a pool
 //     that reverse inserts are changing.
-//   * The final cut (grnnd_finish): each pool sorted by (distance, id),
-//     repeated ids dropped (the nearest copy stays), the nearest `degree`
-//     kept, padded with NO_NODE: the CPU path's final cut, done here so that
-//     only n x degree ids cross the bus instead of n x R pool slots.
+//   * The final cut (grnnd_finish) is gpu_graph_engine::graph::final_cut,
+//     done here so that only n x degree ids cross the bus instead of n x R
+//     pool slots; the build check compares the two list for list.
 
-typedef unsigned long long u64;
-typedef unsigned int u32;
-typedef unsigned short u16;
+#include "common.cuh"
 
-#define EMPTY_SLOT 0xFFFFFFFFFFFFFFFFull
-#define NEW_BIT 0x80000000u
-#define ID_MASK 0x7FFFFFFFu
-#define FULL_MASK 0xFFFFFFFFu
-#define NO_NODE 0xFFFFFFFFu
+#define NEW_BIT GG_POOL_NEW_BIT
+#define ID_MASK GG_POOL_ID_MASK
+#define EMPTY_SLOT GG_POOL_EMPTY
+#define NO_NODE GG_NO_NODE
 // Tries of the compare-and-swap of a full pool's farthest slot.
 #define REPLACE_TRIES 4
-
-// mode bits of grnnd_update
-#define MODE_ASCENDING 1u      // scan in ascending distance (Algorithm 2)
-#define MODE_RULE_LE 2u        // the engine's <= rule instead of strict <
-#define MODE_OLD_ON_ACCEPT 4u  // an accepted candidate is old at once (CPU path)
-
-// statistics counters (u64 each)
-#define STAT_INSERTED 0   // redirects that entered a pool
-#define STAT_DISTANCES 1  // pair distances computed
-#define STAT_REDIRECTS 2  // redirects attempted
 
 __device__ __forceinline__ u64 pack_slot(float d, u32 id_and_flag) {
     return ((u64)__float_as_uint(d) << 32) | (u64)id_and_flag;
@@ -107,73 +88,11 @@ __device__ __forceinline__ u64 pack_slot(float d, u32 id_and_flag) {
 __device__ __forceinline__ u32 slot_id(u64 s) { return (u32)s & ID_MASK; }
 __device__ __forceinline__ float slot_dist(u64 s) { return __uint_as_float((u32)(s >> 32)); }
 
-__device__ __forceinline__ u64 mix64(u64 x) {
-    // splitmix64's finaliser
-    x ^= x >> 30;
-    x *= 0xbf58476d1ce4e5b9ull;
-    x ^= x >> 27;
-    x *= 0x94d049bb133111ebull;
-    x ^= x >> 31;
-    return x;
-}
-
 __device__ __forceinline__ u64 load_slot(const u64* p) {
     // pools are written by other warps during a round
     return *(const volatile u64*)p;
 }
 __device__ __forceinline__ void store_slot(u64* p, u64 v) { *(volatile u64*)p = v; }
-
-__device__ __forceinline__ float h2f(u32 h) {
-    float f;
-    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"((u16)h));
-    return f;
-}
-
-// The vectors: fp32, or fp16 (exact) when half != 0; dp values per row.
-struct Vecs {
-    const void* x;
-    u32 dp;
-    u32 half;
-};
-
-__device__ __forceinline__ float sq4(float a0, float a1, float a2, float a3, float b0, float b1, float b2, float b3,
-                                     float acc) {
-    float d0 = a0 - b0, d1 = a1 - b1, d2 = a2 - b2, d3 = a3 - b3;
-    acc = fmaf(d0, d0, acc);
-    acc = fmaf(d1, d1, acc);
-    acc = fmaf(d2, d2, acc);
-    acc = fmaf(d3, d3, acc);
-    return acc;
-}
-
-// Squared L2 between rows a and b, computed by the G consecutive lanes of a
-// group (G a power of two dividing 32); every lane of the group gets the sum.
-// Called by the whole warp (the reduction shuffles over all 32 lanes);
-// lanes with active == false load nothing and return 0.
-__device__ __forceinline__ float group_dist(Vecs V, u32 a, u32 b, u32 sub, u32 G, bool active) {
-    float acc = 0.f;
-    if (active) {
-        const u32 q = V.dp >> 2;  // 4-value pieces per row
-        if (V.half) {
-            const uint2* pa = (const uint2*)((const u16*)V.x + (size_t)a * V.dp);
-            const uint2* pb = (const uint2*)((const u16*)V.x + (size_t)b * V.dp);
-            for (u32 o = sub; o < q; o += G) {
-                uint2 x = __ldg(pa + o), y = __ldg(pb + o);
-                acc = sq4(h2f(x.x & 0xffff), h2f(x.x >> 16), h2f(x.y & 0xffff), h2f(x.y >> 16), h2f(y.x & 0xffff),
-                          h2f(y.x >> 16), h2f(y.y & 0xffff), h2f(y.y >> 16), acc);
-            }
-        } else {
-            const float4* pa = (const float4*)((const float*)V.x + (size_t)a * V.dp);
-            const float4* pb = (const float4*)((const float*)V.x + (size_t)b * V.dp);
-            for (u32 o = sub; o < q; o += G) {
-                float4 x = __ldg(pa + o), y = __ldg(pb + o);
-                acc = sq4(x.x, x.y, x.z, x.w, y.x, y.y, y.z, y.w, acc);
-            }
-        }
-    }
-    for (u32 m = G >> 1; m > 0; m >>= 1) acc += __shfl_xor_sync(FULL_MASK, acc, m);
-    return acc;
-}
 
 // Algorithm 6, warp-cooperative: offers x (at distance d from u) to u's pool.
 // All 32 lanes call it with the same arguments. Returns whether x entered.
@@ -232,7 +151,7 @@ __device__ bool warp_insert(u64* __restrict__ pool, u32* __restrict__ cnt, u32 R
     return false;
 }
 
-// Per-warp scratch in dynamic shared memory: 6 arrays of R words.
+// Per-warp scratch in dynamic shared memory: GG_GRNND_SCRATCH_WORDS arrays of R words.
 struct WarpScratch {
     u32* cid;    // candidates: id | NEW_BIT
     float* cd;   // their distance to v
@@ -244,7 +163,7 @@ struct WarpScratch {
 
 __device__ __forceinline__ WarpScratch scratch(u32 R) {
     extern __shared__ u32 smem_words[];
-    u32* base = smem_words + (size_t)(threadIdx.x >> 5) * 6 * R;
+    u32* base = smem_words + (size_t)(threadIdx.x >> 5) * GG_GRNND_SCRATCH_WORDS * R;
     WarpScratch s;
     s.cid = base;
     s.cd = (float*)(base + R);
@@ -266,7 +185,7 @@ __device__ __forceinline__ u32 load_pool(const u64* __restrict__ pool, u32 v, u3
         bool valid = sl != EMPTY_SLOT && slot_id(sl) != v;
         u32 m = __ballot_sync(FULL_MASK, valid);
         if (valid) {
-            u32 pos = k + __popc(m & ((1u << lane) - 1u));
+            u32 pos = k + __popc(m & lanemask_lt());
             s.cid[pos] = (u32)sl;
             s.cd[pos] = slot_dist(sl);
             // Disordered propagation: a fresh random key per (round, v, id);
@@ -281,7 +200,7 @@ __device__ __forceinline__ u32 load_pool(const u64* __restrict__ pool, u32 v, u3
 }
 
 // One update round (Algorithm 4) for every vertex: one warp per vertex.
-// Dynamic shared memory: (blockDim.x / 32) * 6 * R * 4 bytes.
+// Dynamic shared memory: GG_GRNND_SCRATCH_WORDS * R words per warp.
 // The kernel is latency-bound (each warp walks its pool through dependent
 // loads), so warps per SM matter more than registers: it is capped for 6
 // blocks of 8 warps per SM (40 registers, a few spilled to L1) instead of the
@@ -299,12 +218,10 @@ __device__ __forceinline__ void update_body(const void* __restrict__ X, u32 half
     const u32 sub = lane & (G - 1);  // lane within its distance group
     const u32 grp = lane / G;        // group index
     const u32 P = 32 / G;            // distances per warp step
-    const bool rule_le = (mode & MODE_RULE_LE) != 0;
-    const bool old_on_accept = (mode & MODE_OLD_ON_ACCEPT) != 0;
     u32 n_inserted = 0, n_dist = 0, n_redirect = 0;  // lane 0's counts
 
     const u64 rseed = mix64(seed ^ ((u64)round << 40) ^ 0x6a09e667f3bcc909ull);
-    const u32 k = load_pool(pool_in, v, R, s, lane, rseed, (mode & MODE_ASCENDING) != 0);
+    const u32 k = load_pool(pool_in, v, R, s, lane, rseed, (mode & GG_MODE_ASCENDING) != 0);
     // visiting order = rank of each key (ties by position)
     for (u32 i = lane; i < k; i += 32) {
         u32 ki = s.key[i], r = 0;
@@ -352,12 +269,9 @@ __device__ __forceinline__ void update_body(const void* __restrict__ X, u32 half
                 float dvj = __shfl_sync(FULL_MASK, dva, src);
                 float d = group_dist(V, c, aJ & ID_MASK, sub, G, act);
                 n_dist += __popc(__ballot_sync(FULL_MASK, act && sub == 0));
-                // strict: GRNND's Eq. 2, d(near, far) < d(v, far).
-                // le: the engine's prune::occludes: <=, but a near one at
-                // distance 0 (a copy of v) prunes only further copies.
-                float dfar = fmaxf(dvc, dvj), dnear = fminf(dvc, dvj);
-                bool occ = rule_le ? (d <= dfar && !(dnear == 0.f && dfar > 0.f)) : d < dfar;
-                occ = occ && act && sub == 0;
+                // the one prune rule, the nearer of the pair kept
+                const float dfar = fmaxf(dvc, dvj), dnear = fminf(dvc, dvj);
+                const bool occ = act && sub == 0 && occludes(dnear, dfar, d);
                 u32 occm = __ballot_sync(FULL_MASK, occ);
                 // apply the occluders in accepted order (groups are in order)
                 while (occm) {
@@ -385,7 +299,7 @@ __device__ __forceinline__ void update_body(const void* __restrict__ X, u32 half
         }
         if (alive) {
             if (lane == 0) {
-                s.aid[na] = old_on_accept ? c : cI;
+                s.aid[na] = cI;
                 s.ad[na] = dvc;
             }
             ++na;
@@ -404,7 +318,7 @@ __device__ __forceinline__ void update_body(const void* __restrict__ X, u32 half
         bool live = j < na && s.ad[j] >= 0.f;
         u32 mm = __ballot_sync(FULL_MASK, live);
         if (live) {
-            u32 pos = m + __popc(mm & ((1u << lane) - 1u));
+            u32 pos = m + __popc(mm & lanemask_lt());
             s.cid[pos] = s.aid[j] & ID_MASK;
             s.cd[pos] = s.ad[j];
             s.key[pos] = 0;  // duplicate flag
@@ -425,7 +339,7 @@ __device__ __forceinline__ void update_body(const void* __restrict__ X, u32 half
         u32 q = b + lane;
         bool keep = q < m && s.key[q] == 0;
         u32 mm = __ballot_sync(FULL_MASK, keep);
-        if (keep) s.order[m2 + __popc(mm & ((1u << lane) - 1u))] = q;
+        if (keep) s.order[m2 + __popc(mm & lanemask_lt())] = q;
         m2 += __popc(mm);
     }
     __syncwarp();
@@ -444,13 +358,13 @@ __device__ __forceinline__ void update_body(const void* __restrict__ X, u32 half
         }
     }
     if (lane == 0) {
-        if (n_inserted) atomicAdd(stats + STAT_INSERTED, (u64)n_inserted);
-        if (n_dist) atomicAdd(stats + STAT_DISTANCES, (u64)n_dist);
-        if (n_redirect) atomicAdd(stats + STAT_REDIRECTS, (u64)n_redirect);
+        if (n_inserted) atomicAdd(stats + GG_STAT_INSERTED, (u64)n_inserted);
+        if (n_dist) atomicAdd(stats + GG_STAT_DISTANCES, (u64)n_dist);
+        if (n_redirect) atomicAdd(stats + GG_STAT_REDIRECTS, (u64)n_redirect);
     }
 }
 
-extern "C" __global__ void __launch_bounds__(256, 6)
+extern "C" __global__ void __launch_bounds__(GG_GRNND_WARPS * 32, 6)
     grnnd_update(const void* __restrict__ X, u32 half, u32 n, u32 dp, u32 G, const u64* __restrict__ pool_in,
                  u64* __restrict__ pool_out, u32* __restrict__ cnt_out, u32 R, u64 seed, u32 round, u32 mode,
                  u64* __restrict__ stats) {
@@ -588,7 +502,7 @@ extern "C" __global__ void grnnd_finish(const u64* __restrict__ pool, u32 n, u32
         u64 sl = i < R ? pool[(size_t)v * R + i] : EMPTY_SLOT;
         bool valid = sl != EMPTY_SLOT && slot_id(sl) != v;
         u32 m = __ballot_sync(FULL_MASK, valid);
-        if (valid) keys[k + __popc(m & ((1u << lane) - 1u))] = (sl & 0xFFFFFFFF00000000ull) | slot_id(sl);
+        if (valid) keys[k + __popc(m & lanemask_lt())] = (sl & 0xFFFFFFFF00000000ull) | slot_id(sl);
         k += __popc(m);
     }
     __syncwarp();
@@ -615,7 +529,7 @@ extern "C" __global__ void grnnd_finish(const u64* __restrict__ pool, u32 n, u32
         u32 i = base + lane;
         bool keep = i < k && !dupf[i];
         u32 m = __ballot_sync(FULL_MASK, keep);
-        u32 pos = out + __popc(m & ((1u << lane) - 1u));
+        u32 pos = out + __popc(m & lanemask_lt());
         if (keep && pos < degree) adj[(size_t)v * degree + pos] = (u32)sorted[i];
         out += __popc(m);
     }
@@ -630,10 +544,54 @@ extern "C" __global__ void grnnd_to_half(const float* __restrict__ X, u64 count,
     bool bad = false;
     for (; i < count; i += (u64)gridDim.x * blockDim.x) {
         float x = X[i];
-        u16 h;
-        asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(x));
+        const u16 h = f2h(x);
         Xh[i] = h;
         bad |= h2f(h) != x;
     }
     if (__any_sync(FULL_MASK, bad) && (threadIdx.x & 31) == 0) atomicOr(lossy, 1u);
+}
+
+// The one prune rule over given candidate lists (gpu_graph_engine::prune::
+// rng_prune): for each of `rows` rows, cand / cand_d hold C candidates of
+// node row_node[row] (GG_NO_NODE-padded) sorted by (distance to it, id); a
+// candidate is kept unless an already kept one occludes it (common.cuh's
+// occludes), until `degree` are kept. The kept ids go to out (rows x degree),
+// GG_NO_NODE after. One warp per row; each lane group of G computes one
+// candidate-to-kept distance. Dynamic shared memory: 2 * degree words per
+// warp (the kept ids and their distances). This is the re-prune a merge of
+// lists needs (insert, repair, the merge of shard graphs), and the build
+// check compares it with the engine's list for list.
+extern "C" __global__ void grnnd_prune(const void* __restrict__ X, u32 half, u32 dp, u32 G, u32 rows,
+                                       const u32* __restrict__ cand, const float* __restrict__ cand_d, u32 C,
+                                       u32 degree, u32* __restrict__ out) {
+    extern __shared__ u32 prune_words[];
+    const u32 lane = threadIdx.x & 31;
+    const u32 row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (row >= rows) return;  // whole warp
+    u32* kept = prune_words + (u64)(threadIdx.x >> 5) * 2 * degree;
+    float* kept_d = (float*)(kept + degree);
+    const Vecs V = {X, dp, half};
+    const u32 sub = lane & (G - 1), grp = lane / G, P = 32 / G;
+    u32 nk = 0;
+    for (u32 i = 0; i < C && nk < degree; ++i) {
+        const u32 c = cand[(u64)row * C + i];
+        if (c == GG_NO_NODE) break;
+        const float dc = cand_d[(u64)row * C + i];
+        bool occluded = false;
+        for (u32 b = 0; b < nk && !occluded; b += P) {
+            const u32 j = b + grp;
+            const bool act = j < nk;
+            const float between = group_dist(V, c, act ? kept[j] : 0u, sub, G, act);
+            occluded = __any_sync(FULL_MASK, act && sub == 0 && occludes(kept_d[j < nk ? j : 0], dc, between));
+        }
+        if (!occluded) {
+            if (lane == 0) {
+                kept[nk] = c;
+                kept_d[nk] = dc;
+            }
+            ++nk;
+            __syncwarp();
+        }
+    }
+    for (u32 j = lane; j < degree; j += 32) out[(u64)row * degree + j] = j < nk ? kept[j] : GG_NO_NODE;
 }

@@ -1,10 +1,11 @@
-// The persistent GPU search kernel (ALGAS, 004_1c495ead554c4546.txt): one
-// launch serves every query of the search worker until it is told to quit.
+// The persistent GPU search kernel (after "ALGAS: A Low-latency GPU-Based
+// Approximate Nearest Neighbor Search System"): one launch serves every query
+// of the search worker until it is told to quit.
 //
-// Compiled at run time by NVRTC (crates/gpu/src/search/). Like the other
-// kernels it includes no header: everything is a compiler built-in or inline
-// PTX. The host side (crates/gpu/src/search/server.rs) mirrors every layout
-// below; change both together.
+// Compiled at run time by NVRTC (crates/gpu/src/search/launch.rs) with
+// abi.h and common.cuh handed over from memory; every layout it shares with
+// the host (IndexDesc, RequestHead, ResultHead, SearchParams, the slot words)
+// is in abi.h, mirrored by crates/gpu/src/abi.rs.
 //
 // Grid: slots x ctas_per_slot blocks of ONE warp each. Block b serves query
 // slot b / ctas_per_slot as its CTA number t = b % ctas_per_slot. The host
@@ -20,7 +21,7 @@
 //                 device memory before the word changes. Values: "Work" =
 //                 seq << 5 | (ctas - 1), seq = 1, 2, ... per slot (27 bits;
 //                 the host clears the slot's visited table and starts again
-//                 at 1 before it would wrap), CMD_QUIT, CMD_FAULT (test
+//                 at 1 before it would wrap), GG_CMD_QUIT, GG_CMD_FAULT (test
 //                 switch); 0 = never used ("None"). The CTA count rides in
 //                 the word so that a CTA that sits a query out never reads
 //                 the request buffer (which the host may already be
@@ -68,58 +69,16 @@
 // invalidated by a launch, and an unload followed by a load can put new data
 // at the address of old data.
 
-typedef unsigned long long u64;
-typedef unsigned int u32;
-typedef unsigned short u16;
-typedef unsigned char u8;
+#include "common.cuh"
 
-#define FULL_MASK 0xFFFFFFFFu
-#define NO_NODE 0xFFFFFFFFu
-#define EXP_BIT 0x80000000u
 #define ID_MASK 0x7FFFFFFFu
-#define CMD_QUIT 0xFFFFFFFFu
-#define CMD_FAULT 0xFFFFFFFEu
-#define FLAG_DELETED 1u
-// Neighbour ids gathered per step: beam * degree <= CAND_CAP.
-#define MAX_R 8
-#define CAND_CAP (MAX_R * 32)
+// bit 31 of an id in a CTA's list: expanded
+#define EXP_BIT 0x80000000u
+#define NO_NODE GG_NO_NODE
+#define CAND_CAP GG_CAND_CAP
+#define MAX_R GG_MAX_BEAM_ROWS
 // Linear probes of the visited table before a node is taken as unvisited.
 #define VISIT_PROBES 32
-// Header words of a CTA's result block (then k_max pairs (dist, id)).
-#define OUT_HEAD_BYTES 16
-// out header word 2 when the request named no loaded index
-#define OUT_BAD_INDEX 0xFFFFFFFFu
-
-// Mirrors search::layout::IndexDesc (64 bytes).
-struct IndexDesc {
-    u64 vectors;    // n rows of chunks * 16 bytes (fp32, or fp16 when exact)
-    u64 adjacency;  // n x degree u32, NO_NODE padded
-    u64 flags;      // n bytes, bit 0 = deleted
-    u32 n;
-    u32 degree;
-    u32 entry;
-    u32 chunks;     // 16-byte chunks per row
-    u32 half;       // rows are fp16
-    u32 metric;     // 0 squared L2, 1 -dot (inner product)
-    u32 lanes;      // lanes per distance, a power of two <= 32
-    u32 gen;        // != 0 while loaded: the request must name the same
-    u32 pad0;
-    u32 pad1;
-};
-
-// Word offsets in a request header (64 bytes, then qwords floats).
-#define RQ_SEQ 0
-#define RQ_INDEX 1
-#define RQ_GEN 2
-#define RQ_K 3
-#define RQ_LIST 4
-#define RQ_CTAS 5
-#define RQ_MAX_EXPAND 6
-#define RQ_OFFSET_BEAM 7
-#define RQ_BEAM 8
-#define RQ_SEEDS 9
-#define RQ_QWORDS 10
-#define RQ_HEAD_WORDS 16
 
 // ---------------------------------------------------------------- memory ops
 
@@ -162,25 +121,6 @@ __device__ __forceinline__ void st_v4(void* p, u32 a, u32 b, u32 c, u32 d) {
 }
 __device__ __forceinline__ void fence_sys() { asm volatile("fence.sc.sys;" : : : "memory"); }
 __device__ __forceinline__ void nanosleep_ns(u32 ns) { asm volatile("nanosleep.u32 %0;" : : "r"(ns)); }
-__device__ __forceinline__ u32 lanemask_lt() {
-    u32 m;
-    asm("mov.u32 %0, %%lanemask_lt;" : "=r"(m));
-    return m;
-}
-__device__ __forceinline__ float h2f(u32 h) {
-    float f;
-    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"((u16)h));
-    return f;
-}
-
-__device__ __forceinline__ u64 mix64(u64 x) {
-    x ^= x >> 30;
-    x *= 0xbf58476d1ce4e5b9ull;
-    x ^= x >> 27;
-    x *= 0x94d049bb133111ebull;
-    x ^= x >> 31;
-    return x;
-}
 __device__ __forceinline__ u32 hash32(u32 x) {
     x ^= x >> 16;
     x *= 0x7feb352du;
@@ -188,14 +128,6 @@ __device__ __forceinline__ u32 hash32(u32 x) {
     x *= 0x846ca68bu;
     x ^= x >> 16;
     return x;
-}
-
-// (dist, id) order: ascending distance, ties by id.
-__device__ __forceinline__ bool key_lt(float ad, u32 ai, float bd, u32 bi) {
-    return ad < bd || (ad == bd && ai < bi);
-}
-__device__ __forceinline__ bool key_le(float ad, u32 ai, float bd, u32 bi) {
-    return ad < bd || (ad == bd && ai <= bi);
 }
 
 // ------------------------------------------------------------ visited set
@@ -231,12 +163,12 @@ __device__ __forceinline__ bool visit_claim(u64* table, u32 mask, u32 gen, u32 i
 // ------------------------------------------------------------ distances
 //
 // m candidate ids ci[0..m) (bit 31 ignored) -> cd[0..m). G lanes per vector
-// (a power of two, chosen by the host so that chunks <= DIST_UNROLL * G),
+// (a power of two, chosen by the host so that chunks <= GG_DIST_UNROLL * G),
 // 32 / G vectors per pass; each lane issues all its (up to DIST_UNROLL)
 // independent 16-byte loads of a vector before it uses any. For SIFT in
 // fp16 (16 chunks) G = 1: one lane per vector, 32 vectors per pass, no
 // shuffles.
-#define DIST_UNROLL 16
+#define DIST_UNROLL GG_DIST_UNROLL
 template <bool HALF, bool IP>
 __device__ __forceinline__ void distances_t(const unsigned char* vec, u32 chunks, u32 G, const float* q, const u32* ci,
                                             float* cd, u32 m, u32 lane) {
@@ -305,10 +237,10 @@ __device__ __forceinline__ void distances(const IndexDesc& ix, const float* q, c
                                           u32 lane) {
     const unsigned char* vec = (const unsigned char*)ix.vectors;
     if (ix.half) {
-        if (ix.metric) distances_t<true, true>(vec, ix.chunks, ix.lanes, q, ci, cd, m, lane);
+        if (ix.metric == GG_METRIC_IP) distances_t<true, true>(vec, ix.chunks, ix.lanes, q, ci, cd, m, lane);
         else distances_t<true, false>(vec, ix.chunks, ix.lanes, q, ci, cd, m, lane);
     } else {
-        if (ix.metric) distances_t<false, true>(vec, ix.chunks, ix.lanes, q, ci, cd, m, lane);
+        if (ix.metric == GG_METRIC_IP) distances_t<false, true>(vec, ix.chunks, ix.lanes, q, ci, cd, m, lane);
         else distances_t<false, false>(vec, ix.chunks, ix.lanes, q, ci, cd, m, lane);
     }
 }
@@ -530,10 +462,13 @@ struct SeedSrc {
 };
 
 extern "C" __global__ void __launch_bounds__(32)
-    search_persistent(const IndexDesc* indexes, u32 n_indexes, u32* cmd, const unsigned char* reqs, u32 req_stride,
-                      u64* visited, u32 visited_log2, u32* done, unsigned char* results, u32 result_stride,
-                      u32 k_max, u32* finish, u32 finish_stride, u32 ctas_per_slot, u32 list_cap, u32 max_qwords,
-                      u32 max_sleep_ns) {
+    search_persistent(const SearchParams P) {
+    const IndexDesc* indexes = (const IndexDesc*)P.indexes;
+    u32* cmd = (u32*)P.cmd;
+    u64* visited = (u64*)P.visited;
+    u32* done = (u32*)P.done;
+    u32* finish = (u32*)P.finish;
+    const u32 list_cap = P.list_cap, max_qwords = P.max_qwords, k_max = P.k_max;
     extern __shared__ __align__(16) unsigned char smem[];
     float* q = (float*)smem;
     float* l0d = q + max_qwords;
@@ -547,12 +482,14 @@ extern "C" __global__ void __launch_bounds__(32)
     u32* sel = ni + 32;
 
     const u32 lane = threadIdx.x;
-    const u32 slot = blockIdx.x / ctas_per_slot;
-    const u32 t = blockIdx.x - slot * ctas_per_slot;
-    const u32 vmask = (1u << visited_log2) - 1u;
-    u64* table = visited + ((u64)slot << visited_log2);
-    const u32* req = (const u32*)(reqs + (u64)slot * req_stride);
-    unsigned char* out = results + (u64)slot * result_stride + (u64)t * (OUT_HEAD_BYTES + 8u * k_max);
+    const u32 slot = blockIdx.x / P.ctas_per_slot;
+    const u32 t = blockIdx.x - slot * P.ctas_per_slot;
+    const u32 vmask = (1u << P.visited_log2) - 1u;
+    u64* table = visited + ((u64)slot << P.visited_log2);
+    const RequestHead* req = (const RequestHead*)(P.reqs + (u64)slot * P.req_stride);
+    ResultHead* out = (ResultHead*)(P.results + (u64)slot * P.result_stride +
+                                    (u64)t * (sizeof(ResultHead) + sizeof(ResultHit) * k_max));
+    ResultHit* hits = (ResultHit*)(out + 1);
 
     u32 last = 0, idle = 0;
     for (;;) {
@@ -562,13 +499,13 @@ extern "C" __global__ void __launch_bounds__(32)
         if (c == last) {
             // idle: back off, deeper the longer the slot stays idle
             ++idle;
-            const u32 ns = idle < 32 ? 64u : idle < 2048 ? 512u : idle < 65536 ? 4096u : max_sleep_ns;
+            const u32 ns = idle < 32 ? 64u : idle < 2048 ? 512u : idle < 65536 ? 4096u : P.max_sleep_ns;
             nanosleep_ns(ns);
             continue;
         }
         __syncwarp();
-        if (c == CMD_QUIT) return;
-        if (c == CMD_FAULT) {
+        if (c == GG_CMD_QUIT) return;
+        if (c == GG_CMD_FAULT) {
             // test switch: an illegal address, which poisons the context
             volatile u32* bad = (volatile u32*)(u64)0x10;
             *bad = lane;
@@ -581,32 +518,32 @@ extern "C" __global__ void __launch_bounds__(32)
         // the request is in device memory before cmd changed (stream order);
         // its own sequence word says so (and nobody rewrites it before this
         // CTA arrives below)
-        while (ld_cg_u32(req + RQ_SEQ) != c) nanosleep_ns(32);
-        const u32 xi = ld_cg_u32(req + RQ_INDEX);
-        const u32 xgen = ld_cg_u32(req + RQ_GEN);
-        const u32 k = ld_cg_u32(req + RQ_K);
-        const u32 cap = ld_cg_u32(req + RQ_LIST);
-        const u32 max_expand = ld_cg_u32(req + RQ_MAX_EXPAND);
-        const u32 offset_beam = ld_cg_u32(req + RQ_OFFSET_BEAM);
-        const u32 beam = ld_cg_u32(req + RQ_BEAM);
-        const u32 seeds = ld_cg_u32(req + RQ_SEEDS);
-        const u32 qwords = ld_cg_u32(req + RQ_QWORDS);
+        while (ld_cg_u32(&req->cmd) != c) nanosleep_ns(32);
+        const u32 xi = ld_cg_u32(&req->index);
+        const u32 xgen = ld_cg_u32(&req->gen);
+        const u32 k = ld_cg_u32(&req->k);
+        const u32 cap = ld_cg_u32(&req->list);
+        const u32 max_expand = ld_cg_u32(&req->max_expand);
+        const u32 offset_beam = ld_cg_u32(&req->offset_beam);
+        const u32 beam = ld_cg_u32(&req->beam);
+        const u32 seeds = ld_cg_u32(&req->seeds);
+        const u32 qwords = ld_cg_u32(&req->qwords);
 
         IndexDesc ix;
-        bool ok = xi < n_indexes;
+        bool ok = xi < P.n_indexes;
         if (ok) {
-            const IndexDesc* p = indexes + xi;
-            ix.vectors = ((u64)ld_cg_u32((const u32*)&p->vectors + 1) << 32) | ld_cg_u32(&p->vectors);
-            ix.adjacency = ((u64)ld_cg_u32((const u32*)&p->adjacency + 1) << 32) | ld_cg_u32(&p->adjacency);
-            ix.flags = ((u64)ld_cg_u32((const u32*)&p->flags + 1) << 32) | ld_cg_u32(&p->flags);
-            ix.n = ld_cg_u32(&p->n);
-            ix.degree = ld_cg_u32(&p->degree);
-            ix.entry = ld_cg_u32(&p->entry);
-            ix.chunks = ld_cg_u32(&p->chunks);
-            ix.half = ld_cg_u32(&p->half);
-            ix.metric = ld_cg_u32(&p->metric);
-            ix.lanes = ld_cg_u32(&p->lanes);
-            ix.gen = ld_cg_u32(&p->gen);
+            const IndexDesc* desc = indexes + xi;
+            ix.vectors = ((u64)ld_cg_u32((const u32*)&desc->vectors + 1) << 32) | ld_cg_u32(&desc->vectors);
+            ix.adjacency = ((u64)ld_cg_u32((const u32*)&desc->adjacency + 1) << 32) | ld_cg_u32(&desc->adjacency);
+            ix.flags = ((u64)ld_cg_u32((const u32*)&desc->flags + 1) << 32) | ld_cg_u32(&desc->flags);
+            ix.n = ld_cg_u32(&desc->n);
+            ix.degree = ld_cg_u32(&desc->degree);
+            ix.entry = ld_cg_u32(&desc->entry);
+            ix.chunks = ld_cg_u32(&desc->chunks);
+            ix.half = ld_cg_u32(&desc->half);
+            ix.metric = ld_cg_u32(&desc->metric);
+            ix.lanes = ld_cg_u32(&desc->lanes);
+            ix.gen = ld_cg_u32(&desc->gen);
             ok = ix.gen != 0 && ix.gen == xgen && ix.n > 0 && ix.entry < ix.n && ix.degree > 0 &&
                  ix.degree <= CAND_CAP && cap > 0 && cap <= list_cap && k <= k_max && qwords <= max_qwords;
         }
@@ -614,7 +551,7 @@ extern "C" __global__ void __launch_bounds__(32)
         if (ok) {
             for (u32 i = lane * 4; i < qwords; i += 128) {
                 u32 a, b, cc, d;
-                ld_cg_v4(req + RQ_HEAD_WORDS + i, a, b, cc, d);
+                ld_cg_v4((const u32*)(req + 1) + i, a, b, cc, d);
                 q[i] = __uint_as_float(a);
                 q[i + 1] = __uint_as_float(b);
                 q[i + 2] = __uint_as_float(cc);
@@ -699,18 +636,18 @@ extern "C" __global__ void __launch_bounds__(32)
                 if (j < L.cnt) {
                     id = L.ai[j] & ID_MASK;
                     d = L.ad[j];
-                    live = (ld_cg_u8(flags + id) & FLAG_DELETED) == 0;
+                    live = (ld_cg_u8(flags + id) & (GG_NODE_DELETED | GG_NODE_FREE)) == 0;
                 }
                 const u32 bal = __ballot_sync(FULL_MASK, live);
                 if (live) {
                     const u32 r = written + __popc(bal & lanemask_lt());
-                    if (r < k) st_v2(out + OUT_HEAD_BYTES + 8u * r, __float_as_uint(d), id);
+                    if (r < k) st_v2(hits + r, __float_as_uint(d), id);
                 }
                 const u32 got = written + __popc(bal);
                 written = got < k ? got : k;
             }
         } else {
-            expanded = OUT_BAD_INDEX;
+            expanded = GG_OUT_BAD_INDEX;
         }
         if (lane == 0) st_v4(out, c, written, expanded, computed);
         fence_sys();
@@ -721,7 +658,7 @@ extern "C" __global__ void __launch_bounds__(32)
                 // the last CTA of the query: reset the counter, then Finish
                 atomicExch(done + slot, 0u);
                 fence_sys();
-                st_release_sys(finish + (u64)slot * finish_stride, c);
+                st_release_sys(finish + (u64)slot * P.finish_stride, c);
             }
         }
         __syncwarp();

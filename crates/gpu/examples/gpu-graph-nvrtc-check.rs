@@ -1,109 +1,100 @@
 //! Compiles every kernel of `kernels/` with NVRTC, through the same compile
-//! function the extension uses, and fails on any error or warning.
+//! function the extension uses, and the ABI check (the static_asserts of
+//! `abi::static_asserts`, which fail when abi.h and abi.rs disagree); fails
+//! on any error or warning. No GPU needed: scripts/check-kernels.sh runs it
+//! in CI with NVRTC from PyPI.
 //!
-//! usage: gpu-graph-nvrtc-check [--arch compute_90|sm_90]... [-I DIR]... [FILE.cu ...]
-//!
-//! Without files it checks the kernels embedded in the binary. With files it
-//! checks those (the embedded copies are what ships; files let a script
-//! check the working tree without rebuilding). One line per kernel and
-//! target; exit status 1 if any failed or warned.
+//! Without files it checks the kernels and headers embedded in the binary;
+//! with files, those kernels with the headers of their folder. One line per
+//! kernel and target; exit status 1 if any failed or warned.
 
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use clap::Parser;
+use gpu_graph_gpu::abi;
 use gpu_graph_gpu::nvrtc::{self, KernelSource, Target};
 
-fn parse_target(s: &str) -> Option<Target> {
-    let (kind, num) = s.split_once('_')?;
-    let a: u32 = num.parse().ok()?;
-    match kind {
-        "compute" => Some(Target::Ptx(a)),
-        "sm" => Some(Target::Cubin(a)),
+#[derive(Parser)]
+#[command(about = "Compile the CUDA kernels and the ABI check with NVRTC")]
+struct Opts {
+    /// Targets: compute_XY (PTX) or sm_XY (a CUBIN, which also runs ptxas).
+    #[arg(long = "arch", default_values = ["compute_90"])]
+    arch: Vec<String>,
+    /// Include folders handed to NVRTC.
+    #[arg(short = 'I')]
+    include: Vec<String>,
+    /// Kernel files to check instead of the embedded ones.
+    files: Vec<PathBuf>,
+}
+
+fn parse_target(s: &str) -> Target {
+    let parsed = s.split_once('_').and_then(|(kind, num)| match (kind, num.parse().ok()?) {
+        ("compute", a) => Some(Target::Ptx(a)),
+        ("sm", a) => Some(Target::Cubin(a)),
         _ => None,
+    });
+    parsed.unwrap_or_else(|| common::usage(&format!("bad --arch {s:?} (compute_90, sm_90, ...)")))
+}
+
+/// A file's text as a source that lives as long as the embedded ones.
+fn leaked(path: &Path) -> KernelSource {
+    let src = std::fs::read_to_string(path).unwrap_or_else(|e| common::usage(&format!("{}: {e}", path.display())));
+    let name = path.file_name().unwrap_or_default().to_string_lossy().into_owned();
+    KernelSource { name: Box::leak(name.into_boxed_str()), src: Box::leak(src.into_boxed_str()) }
+}
+
+/// One line for `k`: its result for every target; whether it passed.
+fn check(k: &KernelSource, headers: &[KernelSource], targets: &[Target], extra: &[String]) -> bool {
+    let (mut parts, mut logs, mut ok) = (Vec::new(), Vec::new(), true);
+    for t in targets {
+        let arch = t.option().trim_start_matches("--gpu-architecture=").to_string();
+        match nvrtc::compile_with(k, headers, t, extra) {
+            Ok(c) if c.log.is_empty() => parts.push(format!("{arch} {} bytes {:.0} ms", c.image.len(), c.compile_ms)),
+            Ok(c) => {
+                ok = false;
+                parts.push(format!("{arch} WARNINGS"));
+                logs.push(c.log);
+            }
+            Err(e) => {
+                ok = false;
+                parts.push(format!("{arch} ERROR"));
+                logs.push(e.to_string());
+            }
+        }
     }
+    println!("{} {} ({})", if ok { "ok   " } else { "FAIL " }, k.name, parts.join("; "));
+    for line in logs.iter().flat_map(|l| l.lines()) {
+        println!("      {line}");
+    }
+    ok
 }
 
 fn main() {
-    let mut targets = Vec::new();
-    let mut extra = Vec::new();
-    let mut files = Vec::new();
-    let mut args = std::env::args().skip(1);
-    while let Some(a) = args.next() {
-        match a.as_str() {
-            "--arch" => {
-                let v = args.next().unwrap_or_default();
-                match parse_target(&v) {
-                    Some(t) => targets.push(t),
-                    None => {
-                        eprintln!("bad --arch {v:?} (compute_90, sm_90, ...)");
-                        std::process::exit(2);
-                    }
-                }
-            }
-            "-I" => extra.push(format!("-I{}", args.next().unwrap_or_default())),
-            s if s.starts_with("-I") => extra.push(s.to_string()),
-            "-h" | "--help" => {
-                eprintln!("usage: gpu-graph-nvrtc-check [--arch compute_90|sm_90]... [-I DIR]... [FILE.cu ...]");
-                return;
-            }
-            _ => files.push(a),
-        }
-    }
-    if targets.is_empty() {
-        targets.push(Target::Ptx(90));
-    }
-    // sources: leaked so they live as long as the embedded ones
-    let sources: Vec<KernelSource> = if files.is_empty() {
-        nvrtc::ALL.to_vec()
+    let o = Opts::parse();
+    let targets: Vec<Target> = o.arch.iter().map(|a| parse_target(a)).collect();
+    let extra: Vec<String> = o.include.iter().map(|d| format!("-I{d}")).collect();
+    let (mut sources, headers): (Vec<KernelSource>, Vec<KernelSource>) = if o.files.is_empty() {
+        (nvrtc::ALL.to_vec(), nvrtc::HEADERS.to_vec())
     } else {
-        files
-            .iter()
-            .map(|f| {
-                let src = std::fs::read_to_string(f).unwrap_or_else(|e| {
-                    eprintln!("{f}: {e}");
-                    std::process::exit(2)
-                });
-                let name = std::path::Path::new(f).file_name().unwrap().to_string_lossy().into_owned();
-                KernelSource { name: Box::leak(name.into_boxed_str()), src: Box::leak(src.into_boxed_str()) }
-            })
-            .collect()
+        let dir = o.files[0].parent().unwrap_or(Path::new("."));
+        let headers = nvrtc::HEADERS.iter().map(|h| leaked(&dir.join(h.name))).collect();
+        (o.files.iter().map(|f| leaked(f)).collect(), headers)
     };
+    // the ABI check: static_asserts generated from abi.rs over abi.h
+    let asserts = abi::static_asserts();
+    sources.push(KernelSource { name: "abi_check.cu", src: Box::leak(asserts.into_boxed_str()) });
     match nvrtc::version() {
-        Ok((a, b)) => eprintln!("NVRTC {a}.{b} ({})", gpu_graph_gpu::loader::load_nvrtc().unwrap().display()),
+        Ok((a, b)) => {
+            eprintln!("NVRTC {a}.{b} ({})", gpu_graph_gpu::loader::load_nvrtc().unwrap_or_default().display())
+        }
         Err(e) => {
             eprintln!("{e}");
             std::process::exit(1);
         }
     }
-    // one line per kernel file: every target's result on it
-    let mut failed = 0;
-    for k in &sources {
-        let mut parts = Vec::new();
-        let mut logs = Vec::new();
-        let mut bad = false;
-        for t in &targets {
-            let arch = t.option().trim_start_matches("--gpu-architecture=").to_string();
-            match nvrtc::compile(k, t, &extra) {
-                Ok(c) if c.log.is_empty() => {
-                    parts.push(format!("{arch} {} bytes {:.0} ms", c.image.len(), c.compile_ms))
-                }
-                Ok(c) => {
-                    bad = true;
-                    parts.push(format!("{arch} WARNINGS"));
-                    logs.push(c.log);
-                }
-                Err(e) => {
-                    bad = true;
-                    parts.push(format!("{arch} ERROR"));
-                    logs.push(e.to_string());
-                }
-            }
-        }
-        println!("{} {} ({})", if bad { "FAIL " } else { "ok   " }, k.name, parts.join("; "));
-        for l in logs {
-            for line in l.lines() {
-                println!("      {line}");
-            }
-        }
-        failed += bad as usize;
-    }
+    let failed = sources.iter().filter(|k| !check(k, &headers, &targets, &extra)).count();
     if failed > 0 {
         eprintln!("{failed} kernel file(s) failed (warnings count as errors)");
         std::process::exit(1);

@@ -134,7 +134,7 @@ impl Gpu {
     }
 }
 
-fn load_module(
+pub(crate) fn load_module(
     ctx: &Arc<CudaContext>,
     k: &KernelSource,
     target: &Target,

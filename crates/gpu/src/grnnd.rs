@@ -1,19 +1,22 @@
 //! The GPU build: GRNND (kernels/rnn_descent.cu) from a random or an exact
-//! k-NN start, then the same final cut as the CPU path.
+//! k-NN start, then the engine's final cut, done on the device.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use cudarc::driver::sys::CUfunction_attribute;
-use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
-use gpu_graph_engine::graph::Graph;
+use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
+use gpu_graph_engine::graph::{final_cut, Graph};
 use gpu_graph_engine::medoid::medoid;
 use gpu_graph_engine::params::BuildParams;
 use gpu_graph_engine::NO_NODE;
 use rayon::prelude::*;
 
+use crate::abi;
 use crate::device::{function, Gpu};
 use crate::error::{cuda, guard, GpuError};
 use crate::knn;
+use crate::memory::zeroed;
 use crate::vectors::DeviceVectors;
 
 /// The initial graph (index option `knn`).
@@ -27,49 +30,29 @@ pub enum KnnInit {
     Exact,
 }
 
-/// Row count up to which `knn = 'auto'` starts from the exact k-NN graph.
-///
-/// Measured on an H200 (SIFT, degree 32, S 16, R 64, T1 3, T2 8, rho 1): the
-/// exact start never makes the build faster (the rounds take as long after
-/// it), but it improves recall@10 at ef 10 by 0.01 to 0.02; it costs
-/// +38 ms at 50k rows, +53 ms at 100k, +200 ms at 200k, +1.2 s at 500k and
-/// +4.8 s at 1M (the fused GEMM is quadratic). Up to 100k rows that is
-/// noise next to a CREATE INDEX; beyond, the random start wins. (The first
-/// exact build on a machine also pays ~2 s of NVRTC compile, which NVRTC's
-/// own cache then keeps for later processes.)
+/// Row count up to which `knn = 'auto'` starts from the exact k-NN graph:
+/// the exact start never makes the build faster, but it improves recall at
+/// small ef by 0.01 to 0.02, and its cost grows quadratically (measured in
+/// docs/benchmarks.md): up to 100k rows it is noise next to a CREATE INDEX.
 pub const EXACT_KNN_AUTO_MAX_ROWS: usize = 100_000;
 
 /// Order in which a round scans a pool (see rnn_descent.cu).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ScanOrder {
     /// GRNND's disordered propagation: a fresh random order every round.
-    Random = 0,
-    /// Algorithm 2's ascending distance order (the CPU path's).
-    Ascending = 1,
-}
-
-/// The prune/redirect test of a pair (near, far) of a pool.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum PruneRule {
-    /// GRNND's Eq. 2: d(near, far) < d(v, far).
-    Strict = 0,
-    /// The engine's `prune::occludes`: d(near, far) <= d(v, far), except that
-    /// a copy of v (d(v, near) = 0) prunes only other copies.
-    Engine = 1,
+    Random,
+    /// Algorithm 2's ascending distance order (the CPU builder's).
+    Ascending,
 }
 
 /// Knobs of the GPU builder that are not index options (for measurements).
 #[derive(Clone, Copy, Debug)]
 pub struct GpuOptions {
     pub order: ScanOrder,
-    pub rule: PruneRule,
-    /// Mark a candidate old as soon as it is accepted, as the engine's CPU
-    /// update does (the reference clears the flags after the scan).
-    pub old_on_accept: bool,
     /// Use an fp16 copy of the vectors in the rounds when it is exact.
     pub half_when_exact: bool,
     /// Also download the pools and check the device's final cut against
-    /// the host's (`PhaseTimes::cut_mismatches`).
+    /// the engine's (`PhaseTimes::cut_mismatches`).
     pub verify_cut: bool,
     /// Lanes per distance (power of two dividing 32); 0 = chosen from the
     /// dimension.
@@ -85,8 +68,6 @@ impl Default for GpuOptions {
     fn default() -> Self {
         GpuOptions {
             order: ScanOrder::Random,
-            rule: PruneRule::Strict,
-            old_on_accept: false,
             half_when_exact: true,
             verify_cut: false,
             lanes_per_distance: 0,
@@ -122,7 +103,7 @@ pub struct PhaseTimes {
     pub distances_per_round: Vec<u64>,
     /// whether the rounds read the fp16 copy of the vectors
     pub half: bool,
-    /// with `verify_cut`: lists where the device's cut and the host's differ
+    /// with `verify_cut`: lists where the device's cut and the engine's differ
     pub cut_mismatches: Option<usize>,
 }
 
@@ -132,21 +113,21 @@ impl PhaseTimes {
     }
 }
 
-const WARPS_PER_BLOCK: u32 = 8;
-
+/// One warp per vertex, with GRNND_SCRATCH_WORDS * R words of shared memory each.
 fn warp_grid(n: usize, r: usize) -> LaunchConfig {
+    let w = abi::GRNND_WARPS as usize;
     LaunchConfig {
-        grid_dim: (n.div_ceil(WARPS_PER_BLOCK as usize) as u32, 1, 1),
-        block_dim: (WARPS_PER_BLOCK * 32, 1, 1),
-        shared_mem_bytes: (WARPS_PER_BLOCK as usize * 6 * r * 4) as u32,
+        grid_dim: (n.div_ceil(w) as u32, 1, 1),
+        block_dim: (abi::GRNND_WARPS * 32, 1, 1),
+        shared_mem_bytes: (w * abi::GRNND_SCRATCH_WORDS as usize * r * 4) as u32,
     }
 }
 
-fn lanes_for(dp: usize, asked: u32) -> u32 {
+/// Lanes per distance: about 4 float4 loads per lane.
+pub(crate) fn lanes_for(dp: usize, asked: u32) -> u32 {
     if asked != 0 {
         return asked.clamp(1, 32).next_power_of_two().min(32);
     }
-    // about 4 float4 loads per lane
     let q = (dp / 4 / 4).max(1) as u32;
     let p = 1u32 << (31 - q.leading_zeros());
     p.clamp(1, 32)
@@ -190,21 +171,25 @@ fn build_inner(
     opts: &GpuOptions,
     cancel: &dyn Fn() -> bool,
 ) -> Result<(Graph, PhaseTimes), GpuError> {
-    let mut times = PhaseTimes::default();
     let degree = params.degree;
     let n = vectors.len().checked_div(dim).unwrap_or(0);
     if n < 2 || degree == 0 {
         // nothing to refine: no edges
         let t = Instant::now();
         let g = Graph { degree, adjacency: vec![NO_NODE; n * degree], entry: medoid(vectors, dim) };
-        times.entry_ms = t.elapsed().as_secs_f64() * 1e3;
+        let times = PhaseTimes { entry_ms: t.elapsed().as_secs_f64() * 1e3, ..PhaseTimes::default() };
         return Ok((g, times));
     }
-    // as the CPU path: a pool never holds fewer than the final degree
+    // as the CPU builder: a pool never holds fewer than the final degree
     let r = params.r.max(degree);
     if r > 1024 {
         return Err(GpuError::Unsupported(format!("pool capacity r = {r} (at most 1024 on the GPU)")));
     }
+    let exact = match knn_init {
+        KnnInit::Exact => true,
+        KnnInit::Random => false,
+        KnnInit::Auto => n <= EXACT_KNN_AUTO_MAX_ROWS,
+    };
     // On a second thread, while the GPU works: the medoid, and the output
     // buffer with every page touched (a fresh 128 MB buffer costs ~80 ms of
     // page faults inside the download otherwise).
@@ -216,313 +201,328 @@ fn build_inner(
             adj.par_chunks_mut(1024).for_each(|c| c[0] = NO_NODE);
             (entry, adj, t.elapsed().as_secs_f64() * 1e3)
         });
-        let mut host = Some(host);
-        let mut take = || host.take().expect("taken once").join().expect("the host thread panicked");
-        device_build(gpu, vectors, dim, params, knn_init, opts, cancel, times, &mut take)
+        let mut run = Run::new(gpu, vectors, dim, params, exact, opts, cancel)?;
+        run.start()?;
+        run.refine()?;
+        let (entry, adjacency, host_ms) = host.join().expect("the host thread panicked");
+        run.times.entry_ms = host_ms;
+        let adjacency = run.finish(adjacency)?;
+        Ok((Graph { degree, adjacency, entry }, run.times))
     })
 }
 
-type HostPart = (Option<u32>, Vec<u32>, f64);
-
-#[allow(clippy::too_many_arguments)]
-fn device_build(
-    gpu: &Gpu,
-    vectors: &[f32],
-    dim: usize,
-    params: &BuildParams,
-    knn_init: KnnInit,
-    opts: &GpuOptions,
-    cancel: &dyn Fn() -> bool,
-    mut times: PhaseTimes,
-    take_host: &mut dyn FnMut() -> HostPart,
-) -> Result<(Graph, PhaseTimes), GpuError> {
-    let degree = params.degree;
-    let n = vectors.len() / dim;
-    let r = params.r.max(degree);
-    let s = params.s.max(1);
-    let exact = match knn_init {
-        KnnInit::Exact => true,
-        KnnInit::Random => false,
-        KnnInit::Auto => n <= EXACT_KNN_AUTO_MAX_ROWS,
-    };
-    // the exact start: the S nearest (at most 32) plus S random neighbours.
-    // Measured (SIFT): the exact neighbours alone trap RNN-Descent in a
-    // sparse graph (mean degree ~8, recall@10 at ef 10 ~0.69 where a random
-    // start gives ~0.85); with S random edges beside them it beats the
-    // random start.
-    let k_init = s.min(knn::MAX_K).min(n - 1).min(r);
-    times.knn_exact = exact;
-
-    let plan = DeviceVectors::plan(n, dim)?;
-    let mut need = plan.bytes() * 3 / 2 + 2 * n * r * 8 + 2 * n * 4 + n * degree * 4 + 64;
-    if exact {
-        need += knn::device_bytes(n, knn::dk_for(dim), k_init);
-    }
-    gpu.reserve(need, "the GPU graph build")?;
-
-    let m = &gpu.grnnd;
-    let f_update = function(m, "grnnd_update")?;
-    let f_reverse = function(m, "grnnd_reverse")?;
-    let f_init_random = function(m, "grnnd_init_random")?;
-    let f_init_knn = function(m, "grnnd_init_knn")?;
-    let f_finish = function(m, "grnnd_finish")?;
-    let f_to_half = function(m, "grnnd_to_half")?;
-    let cfg = warp_grid(n, r);
-    if cfg.shared_mem_bytes > 48 * 1024 {
-        for f in [&f_update, &f_reverse, &f_init_random, &f_finish] {
-            f.set_attribute(
-                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                cfg.shared_mem_bytes as i32,
-            )
-            .map_err(|e| cuda("GRNND shared memory", e))?;
-        }
-    }
-    let st = &gpu.stream;
-    let sync = |what: &str| st.synchronize().map_err(|e| cuda(what, e));
-
-    // upload
-    let t = Instant::now();
-    let dv = DeviceVectors::upload(gpu, vectors, dim)?;
-    sync("uploading the vectors")?;
-    times.upload_ms = t.elapsed().as_secs_f64() * 1e3;
-    if cancel() {
-        return Err(GpuError::Cancelled);
-    }
-
-    let alloc = |what: &str, e| cuda(&format!("allocating {what}"), e);
-    let mut pool_a: CudaSlice<u64> = unsafe { st.alloc(n * r) }.map_err(|e| alloc("the pools", e))?;
-    let mut pool_b: CudaSlice<u64> = unsafe { st.alloc(n * r) }.map_err(|e| alloc("the pools", e))?;
-    let mut cnt_a: CudaSlice<u32> = st.alloc_zeros(n).map_err(|e| alloc("the pool counters", e))?;
-    let mut cnt_b: CudaSlice<u32> = st.alloc_zeros(n).map_err(|e| alloc("the pool counters", e))?;
-    let mut stats: CudaSlice<u64> = st.alloc_zeros(4).map_err(|e| alloc("statistics", e))?;
-
-    let (n32, dp32, r32) = (n as u32, dv.dp as u32, r as u32);
-    let g32 = lanes_for(dv.dp, opts.lanes_per_distance);
-    let seed = params.seed;
-    let s32 = s as u32;
-
-    // the initial graph
-    let t = Instant::now();
-    let mut keep32 = 0u32;
-    if exact {
-        let (ki, kd) = knn::knn_device(gpu, &dv, vectors, k_init, cancel)?;
-        let k32 = k_init as u32;
-        let threads = n * r;
-        let c = LaunchConfig {
-            grid_dim: (threads.div_ceil(256) as u32, 1, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        unsafe {
-            st.launch_builder(&f_init_knn)
-                .arg(&ki)
-                .arg(&kd)
-                .arg(&n32)
-                .arg(&k32)
-                .arg(&mut pool_a)
-                .arg(&mut cnt_a)
-                .arg(&r32)
-                .launch(c)
-        }
-        .map_err(|e| cuda("grnnd_init_knn", e))?;
-        keep32 = k32;
-    }
-    // the fp16 copy, when exact (after the k-NN, which re-ranks in fp32)
-    let mut half32 = 0u32;
-    let mut xh: Option<CudaSlice<u16>> = None;
-    if opts.half_when_exact {
-        let mut h: CudaSlice<u16> = unsafe { st.alloc(n * dv.dp) }.map_err(|e| alloc("the fp16 vectors", e))?;
-        let mut lossy: CudaSlice<u32> = st.alloc_zeros(1).map_err(|e| alloc("a flag", e))?;
-        let count = (n * dv.dp) as u64;
-        let c = LaunchConfig { grid_dim: (2048, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-        unsafe { st.launch_builder(&f_to_half).arg(&dv.x).arg(&count).arg(&mut h).arg(&mut lossy).launch(c) }
-            .map_err(|e| cuda("grnnd_to_half", e))?;
-        if st.clone_dtoh(&lossy).map_err(|e| cuda("grnnd_to_half", e))?[0] == 0 {
-            half32 = 1;
-            xh = Some(h);
-        }
-    }
-    times.half = half32 == 1;
-    // device pointer of the vectors the rounds read
-    let xptr: u64 = match &xh {
-        Some(h) => h.device_ptr(st).0,
-        None => dv.x.device_ptr(st).0,
-    };
-    // the random start, after the exact neighbours if any
-    unsafe {
-        st.launch_builder(&f_init_random)
-            .arg(&xptr)
-            .arg(&half32)
-            .arg(&n32)
-            .arg(&dp32)
-            .arg(&g32)
-            .arg(&mut pool_a)
-            .arg(&mut cnt_a)
-            .arg(&r32)
-            .arg(&s32)
-            .arg(&seed)
-            .arg(&keep32)
-            .launch(cfg)
-    }
-    .map_err(|e| cuda("grnnd_init_random", e))?;
-    sync("the start")?;
-    times.knn_ms = t.elapsed().as_secs_f64() * 1e3;
-    if cancel() {
-        return Err(GpuError::Cancelled);
-    }
-
-    // refinement
-    let t = Instant::now();
-    let mode32 = (opts.order == ScanOrder::Ascending) as u32
-        | ((opts.rule == PruneRule::Engine) as u32) << 1
-        | (opts.old_on_accept as u32) << 2;
-    let mut round: u32 = 0;
-    for outer in 0..params.t1 {
-        for inner in 0..params.t2 {
-            let tr = Instant::now();
-            unsafe {
-                let (p, _g) = pool_b.device_ptr_mut(st);
-                cudarc::driver::result::memset_d8_async(p, 0xFF, n * r * 8, st.cu_stream())
-                    .map_err(|e| cuda("clearing a pool buffer", e))?;
-            }
-            st.memset_zeros(&mut cnt_b).map_err(|e| cuda("clearing the counters", e))?;
-            st.memset_zeros(&mut stats).map_err(|e| cuda("clearing the statistics", e))?;
-            unsafe {
-                st.launch_builder(&f_update)
-                    .arg(&xptr)
-                    .arg(&half32)
-                    .arg(&n32)
-                    .arg(&dp32)
-                    .arg(&g32)
-                    .arg(&pool_a)
-                    .arg(&mut pool_b)
-                    .arg(&mut cnt_b)
-                    .arg(&r32)
-                    .arg(&seed)
-                    .arg(&round)
-                    .arg(&mode32)
-                    .arg(&mut stats)
-                    .launch(cfg)
-            }
-            .map_err(|e| cuda("grnnd_update", e))?;
-            std::mem::swap(&mut pool_a, &mut pool_b);
-            std::mem::swap(&mut cnt_a, &mut cnt_b);
-            round += 1;
-            let sv = st.clone_dtoh(&stats).map_err(|e| cuda("grnnd_update", e))?;
-            let inserted = sv[0];
-            times.inserts_per_round.push(inserted);
-            times.distances_per_round.push(sv[1]);
-            if opts.verbose {
-                eprintln!(
-                    "  round {round} (outer {outer}, inner {inner}): {:.2} ms, {} distances, {} redirects, {inserted} entered",
-                    tr.elapsed().as_secs_f64() * 1e3,
-                    sv[1],
-                    sv[2]
-                );
-            }
-            if cancel() {
-                return Err(GpuError::Cancelled);
-            }
-            if opts.early_stop > 0.0 && (inserted as f64) < opts.early_stop * n as f64 {
-                break;
-            }
-        }
-        if outer + 1 < params.t1 {
-            // reverse edges: the other buffer starts as a copy of the
-            // snapshot, which the kernel reads
-            st.memcpy_dtod(&pool_a, &mut pool_b).map_err(|e| cuda("copying the pools", e))?;
-            st.memcpy_dtod(&cnt_a, &mut cnt_b).map_err(|e| cuda("copying the counters", e))?;
-            unsafe {
-                st.launch_builder(&f_reverse)
-                    .arg(&pool_a)
-                    .arg(&mut pool_b)
-                    .arg(&mut cnt_b)
-                    .arg(&n32)
-                    .arg(&r32)
-                    .arg(&params.rho)
-                    .launch(cfg)
-            }
-            .map_err(|e| cuda("grnnd_reverse", e))?;
-            std::mem::swap(&mut pool_a, &mut pool_b);
-            std::mem::swap(&mut cnt_a, &mut cnt_b);
-            sync("grnnd_reverse")?;
-            if cancel() {
-                return Err(GpuError::Cancelled);
-            }
-        }
-    }
-    times.rounds = round as usize;
-    sync("the refinement")?;
-    times.refine_ms = t.elapsed().as_secs_f64() * 1e3;
-    drop(cnt_b);
-    drop(cnt_a);
-    drop(xh);
-    drop(dv);
-
-    // the final cut, on the device
-    let t = Instant::now();
-    let mut adj: CudaSlice<u32> = unsafe { st.alloc(n * degree) }.map_err(|e| alloc("the adjacency", e))?;
-    let deg32 = degree as u32;
-    unsafe { st.launch_builder(&f_finish).arg(&pool_a).arg(&n32).arg(&r32).arg(&deg32).arg(&mut adj).launch(cfg) }
-        .map_err(|e| cuda("grnnd_finish", e))?;
-    sync("the final cut")?;
-    times.final_cut_ms = t.elapsed().as_secs_f64() * 1e3;
-    drop(pool_b);
-
-    // download
-    let (entry, mut adjacency, host_ms) = take_host();
-    times.entry_ms = host_ms;
-    let t = Instant::now();
-    st.memcpy_dtoh(&adj, &mut adjacency).map_err(|e| cuda("downloading the graph", e))?;
-    sync("downloading the graph")?;
-    times.download_ms = t.elapsed().as_secs_f64() * 1e3;
-    if opts.verify_cut {
-        let pools: Vec<u64> = st.clone_dtoh(&pool_a).map_err(|e| cuda("downloading the pools", e))?;
-        let host = final_cut(&pools, r, degree);
-        times.cut_mismatches = Some(host.chunks(degree).zip(adjacency.chunks(degree)).filter(|(a, b)| a != b).count());
-    }
-    drop(pool_a);
-    drop(adj);
-    Ok((Graph { degree, adjacency, entry }, times))
+/// The GRNND kernels of the device's module.
+struct Kernels {
+    update: CudaFunction,
+    reverse: CudaFunction,
+    init_random: CudaFunction,
+    init_knn: CudaFunction,
+    finish: CudaFunction,
+    to_half: CudaFunction,
 }
 
-/// The final cut of RNN-Descent on the host, the same as the CPU path's
-/// (gpu_graph_engine::rnn_descent::build, "the final cut": each pool sorted
-/// by (distance, id), repeated ids removed, the nearest `degree` kept, padded
-/// with NO_NODE). The build does it on the device (grnnd_finish) so that
-/// only n x degree ids are downloaded; this copy checks it
-/// (`GpuOptions::verify_cut`).
-///
-/// TODO(engine): the engine keeps its cut inside `rnn_descent::build`; once
-/// it exports it, the check should call that instead of this copy.
-fn final_cut(pools: &[u64], r: usize, degree: usize) -> Vec<u32> {
-    let n = pools.len() / r;
-    let mut adjacency = vec![NO_NODE; n * degree];
-    adjacency.par_chunks_mut(degree).enumerate().for_each_init(Vec::new, |buf: &mut Vec<(f32, u32)>, (v, out)| {
-        buf.clear();
-        for &s in &pools[v * r..(v + 1) * r] {
-            if s == u64::MAX {
-                continue;
+impl Kernels {
+    fn load(gpu: &Gpu, cfg: &LaunchConfig) -> Result<Kernels, GpuError> {
+        let m = &gpu.grnnd;
+        let k = Kernels {
+            update: function(m, "grnnd_update")?,
+            reverse: function(m, "grnnd_reverse")?,
+            init_random: function(m, "grnnd_init_random")?,
+            init_knn: function(m, "grnnd_init_knn")?,
+            finish: function(m, "grnnd_finish")?,
+            to_half: function(m, "grnnd_to_half")?,
+        };
+        if cfg.shared_mem_bytes > 48 * 1024 {
+            for f in [&k.update, &k.reverse, &k.init_random, &k.finish] {
+                f.set_attribute(
+                    CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    cfg.shared_mem_bytes as i32,
+                )
+                .map_err(|e| cuda("GRNND shared memory", e))?;
             }
-            let id = (s as u32) & 0x7FFF_FFFF;
-            if id as usize == v {
-                continue;
-            }
-            buf.push((f32::from_bits((s >> 32) as u32), id));
         }
-        buf.sort_unstable_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
-        // an id met twice (an insert race) keeps its first, nearest copy
-        let mut k = 0;
-        for &(_, id) in buf.iter() {
-            if k == degree {
-                break;
-            }
-            if out[..k].contains(&id) {
-                continue;
-            }
-            out[k] = id;
-            k += 1;
+        Ok(k)
+    }
+}
+
+/// One build on the device: the double-buffered pools, their counters, and
+/// what the rounds read.
+struct Run<'a> {
+    gpu: &'a Gpu,
+    st: &'a Arc<CudaStream>,
+    k: Kernels,
+    cfg: LaunchConfig,
+    host: &'a [f32],
+    params: &'a BuildParams,
+    opts: &'a GpuOptions,
+    cancel: &'a dyn Fn() -> bool,
+    exact: bool,
+    n: usize,
+    r: usize,
+    dv: Option<DeviceVectors>,
+    /// the fp16 copy, when exact
+    half: Option<CudaSlice<u16>>,
+    pool_a: CudaSlice<u64>,
+    pool_b: CudaSlice<u64>,
+    cnt_a: CudaSlice<u32>,
+    cnt_b: CudaSlice<u32>,
+    stats: CudaSlice<u64>,
+    times: PhaseTimes,
+}
+
+impl<'a> Run<'a> {
+    fn new(
+        gpu: &'a Gpu,
+        host: &'a [f32],
+        dim: usize,
+        params: &'a BuildParams,
+        exact: bool,
+        opts: &'a GpuOptions,
+        cancel: &'a dyn Fn() -> bool,
+    ) -> Result<Run<'a>, GpuError> {
+        let n = host.len() / dim;
+        let (degree, r) = (params.degree, params.r.max(params.degree));
+        let plan = DeviceVectors::plan(n, dim)?;
+        let mut need = plan.bytes() * 3 / 2 + 2 * n * r * 8 + 2 * n * 4 + n * degree * 4 + 64;
+        if exact {
+            need += knn::device_bytes(n, knn::dk_for(dim), Self::k_init(params, n, r));
         }
+        gpu.reserve(need, "the GPU graph build")?;
+        let cfg = warp_grid(n, r);
+        let k = Kernels::load(gpu, &cfg)?;
+        let st = &gpu.stream;
+        let t = Instant::now();
+        let dv = DeviceVectors::upload(gpu, host, dim)?;
+        st.synchronize().map_err(|e| cuda("uploading the vectors", e))?;
+        let times = PhaseTimes { upload_ms: t.elapsed().as_secs_f64() * 1e3, knn_exact: exact, ..Default::default() };
+        if cancel() {
+            return Err(GpuError::Cancelled);
+        }
+        Ok(Run {
+            gpu,
+            st,
+            k,
+            cfg,
+            host,
+            params,
+            opts,
+            cancel,
+            exact,
+            n,
+            r,
+            dv: Some(dv),
+            half: None,
+            pool_a: zeroed(st, n * r, "the pools")?,
+            pool_b: zeroed(st, n * r, "the pools")?,
+            cnt_a: zeroed(st, n, "the pool counters")?,
+            cnt_b: zeroed(st, n, "the pool counters")?,
+            stats: zeroed(st, abi::STAT_COUNT as usize, "statistics")?,
+            times,
+        })
+    }
+
+    /// The exact start: the S nearest (at most KNN_MAX_K) plus S random
+    /// neighbours. Measured (SIFT): the exact neighbours alone trap
+    /// RNN-Descent in a sparse graph (mean degree ~8, recall@10 at ef 10
+    /// ~0.69 where a random start gives ~0.85); with S random edges beside
+    /// them it beats the random start.
+    fn k_init(params: &BuildParams, n: usize, r: usize) -> usize {
+        params.s.max(1).min(abi::KNN_MAX_K as usize).min(n - 1).min(r)
+    }
+
+    fn dv(&self) -> &DeviceVectors {
+        self.dv.as_ref().expect("the vectors stay until the final cut")
+    }
+
+    /// Device address of the vectors the rounds read (the fp16 copy if any).
+    fn xptr(&self) -> u64 {
+        match &self.half {
+            Some(h) => h.device_ptr(self.st).0,
+            None => self.dv().x.device_ptr(self.st).0,
+        }
+    }
+
+    fn sync(&self, what: &str) -> Result<(), GpuError> {
+        self.st.synchronize().map_err(|e| cuda(what, e))?;
+        if (self.cancel)() {
+            return Err(GpuError::Cancelled);
+        }
+        Ok(())
+    }
+
+    /// The initial graph: the exact neighbours (when asked), the fp16 copy
+    /// (after the k-NN, which re-ranks in fp32), then the random start.
+    fn start(&mut self) -> Result<(), GpuError> {
+        let t = Instant::now();
+        let (n32, r32) = (self.n as u32, self.r as u32);
+        let mut keep32 = 0u32;
+        if self.exact {
+            let k = Self::k_init(self.params, self.n, self.r);
+            let (ki, kd) = knn::knn_device(self.gpu, self.dv(), self.host, k, self.cancel)?;
+            let k32 = k as u32;
+            let c = LaunchConfig {
+                grid_dim: ((self.n * self.r).div_ceil(256) as u32, 1, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let mut b = self.st.launch_builder(&self.k.init_knn);
+            b.arg(&ki).arg(&kd).arg(&n32).arg(&k32).arg(&mut self.pool_a).arg(&mut self.cnt_a).arg(&r32);
+            // SAFETY: the arguments match grnnd_init_knn; the grid covers n * R threads.
+            unsafe { b.launch(c) }.map_err(|e| cuda("grnnd_init_knn", e))?;
+            keep32 = k32;
+        }
+        if self.opts.half_when_exact {
+            self.half = self.exact_half()?;
+        }
+        self.times.half = self.half.is_some();
+        let (xptr, half32, dp32) = (self.xptr(), self.half.is_some() as u32, self.dv().dp as u32);
+        let (g32, s32, seed) =
+            (lanes_for(self.dv().dp, self.opts.lanes_per_distance), self.params.s.max(1) as u32, self.params.seed);
+        let mut b = self.st.launch_builder(&self.k.init_random);
+        b.arg(&xptr).arg(&half32).arg(&n32).arg(&dp32).arg(&g32).arg(&mut self.pool_a).arg(&mut self.cnt_a);
+        b.arg(&r32).arg(&s32).arg(&seed).arg(&keep32);
+        // SAFETY: the arguments match grnnd_init_random; one warp per vertex.
+        unsafe { b.launch(self.cfg) }.map_err(|e| cuda("grnnd_init_random", e))?;
+        self.sync("the start")?;
+        self.times.knn_ms = t.elapsed().as_secs_f64() * 1e3;
+        Ok(())
+    }
+
+    /// The vectors in fp16 when every value converts exactly (None else).
+    fn exact_half(&self) -> Result<Option<CudaSlice<u16>>, GpuError> {
+        let dv = self.dv();
+        let mut h: CudaSlice<u16> = zeroed(self.st, dv.n * dv.dp, "the fp16 vectors")?;
+        let mut lossy: CudaSlice<u32> = zeroed(self.st, 1, "a flag")?;
+        let count = (dv.n * dv.dp) as u64;
+        let c = LaunchConfig { grid_dim: (2048, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        let mut b = self.st.launch_builder(&self.k.to_half);
+        b.arg(&dv.x).arg(&count).arg(&mut h).arg(&mut lossy);
+        // SAFETY: the arguments match grnnd_to_half (a grid-stride loop).
+        unsafe { b.launch(c) }.map_err(|e| cuda("grnnd_to_half", e))?;
+        let lossy = self.st.clone_dtoh(&lossy).map_err(|e| cuda("grnnd_to_half", e))?[0];
+        Ok((lossy == 0).then_some(h))
+    }
+
+    /// GRNND's rounds: t1 outer rounds of t2 updates, reverse edges between.
+    fn refine(&mut self) -> Result<(), GpuError> {
+        let t = Instant::now();
+        let mode = if self.opts.order == ScanOrder::Ascending { abi::MODE_ASCENDING } else { 0 };
+        let mut round = 0u32;
+        for outer in 0..self.params.t1 {
+            for _ in 0..self.params.t2 {
+                let inserted = self.update(round, mode)?;
+                round += 1;
+                if (self.cancel)() {
+                    return Err(GpuError::Cancelled);
+                }
+                if self.opts.early_stop > 0.0 && (inserted as f64) < self.opts.early_stop * self.n as f64 {
+                    break;
+                }
+            }
+            if outer + 1 < self.params.t1 {
+                self.reverse()?;
+            }
+        }
+        self.times.rounds = round as usize;
+        self.st.synchronize().map_err(|e| cuda("the refinement", e))?;
+        self.times.refine_ms = t.elapsed().as_secs_f64() * 1e3;
+        Ok(())
+    }
+
+    /// One update round into the other buffer; the entries it inserted.
+    fn update(&mut self, round: u32, mode: u32) -> Result<u64, GpuError> {
+        let tr = Instant::now();
+        let st = self.st;
+        let empty = |e| cuda("clearing a pool buffer", e);
+        st.memset_zeros(&mut self.cnt_b).map_err(empty)?;
+        st.memset_zeros(&mut self.stats).map_err(empty)?;
+        {
+            let (p, _g) = cudarc::driver::DevicePtrMut::device_ptr_mut(&mut self.pool_b, st);
+            // SAFETY: all of pool_b, on the build's stream (EMPTY = all ones).
+            unsafe { cudarc::driver::result::memset_d8_async(p, 0xFF, self.n * self.r * 8, st.cu_stream()) }
+                .map_err(empty)?;
+        }
+        let (xptr, half32, n32, dp32, r32) =
+            (self.xptr(), self.half.is_some() as u32, self.n as u32, self.dv().dp as u32, self.r as u32);
+        let g32 = lanes_for(self.dv().dp, self.opts.lanes_per_distance);
+        let seed = self.params.seed;
+        let mut b = st.launch_builder(&self.k.update);
+        b.arg(&xptr).arg(&half32).arg(&n32).arg(&dp32).arg(&g32).arg(&self.pool_a).arg(&mut self.pool_b);
+        b.arg(&mut self.cnt_b).arg(&r32).arg(&seed).arg(&round).arg(&mode).arg(&mut self.stats);
+        // SAFETY: the arguments match grnnd_update; one warp per vertex.
+        unsafe { b.launch(self.cfg) }.map_err(|e| cuda("grnnd_update", e))?;
+        std::mem::swap(&mut self.pool_a, &mut self.pool_b);
+        std::mem::swap(&mut self.cnt_a, &mut self.cnt_b);
+        let sv = st.clone_dtoh(&self.stats).map_err(|e| cuda("grnnd_update", e))?;
+        let inserted = sv[abi::STAT_INSERTED as usize];
+        self.times.inserts_per_round.push(inserted);
+        self.times.distances_per_round.push(sv[abi::STAT_DISTANCES as usize]);
+        if self.opts.verbose {
+            eprintln!(
+                "  round {}: {:.2} ms, {} distances, {} redirects, {inserted} entered",
+                round + 1,
+                tr.elapsed().as_secs_f64() * 1e3,
+                sv[abi::STAT_DISTANCES as usize],
+                sv[abi::STAT_REDIRECTS as usize]
+            );
+        }
+        Ok(inserted)
+    }
+
+    /// Reverse edges: the other buffer starts as a copy of the snapshot,
+    /// which the kernel reads.
+    fn reverse(&mut self) -> Result<(), GpuError> {
+        let st = self.st;
+        st.memcpy_dtod(&self.pool_a, &mut self.pool_b).map_err(|e| cuda("copying the pools", e))?;
+        st.memcpy_dtod(&self.cnt_a, &mut self.cnt_b).map_err(|e| cuda("copying the counters", e))?;
+        let (n32, r32, rho) = (self.n as u32, self.r as u32, self.params.rho);
+        let mut b = st.launch_builder(&self.k.reverse);
+        b.arg(&self.pool_a).arg(&mut self.pool_b).arg(&mut self.cnt_b).arg(&n32).arg(&r32).arg(&rho);
+        // SAFETY: the arguments match grnnd_reverse; one warp per vertex.
+        unsafe { b.launch(self.cfg) }.map_err(|e| cuda("grnnd_reverse", e))?;
+        std::mem::swap(&mut self.pool_a, &mut self.pool_b);
+        std::mem::swap(&mut self.cnt_a, &mut self.cnt_b);
+        self.sync("grnnd_reverse")
+    }
+
+    /// The final cut on the device, then the adjacency into `adjacency`
+    /// (n x degree, pages already touched); with `verify_cut`, the engine's
+    /// cut of the downloaded pools compared list for list.
+    fn finish(&mut self, mut adjacency: Vec<u32>) -> Result<Vec<u32>, GpuError> {
+        let (st, degree) = (self.st, self.params.degree);
+        // the rounds' buffers go before the adjacency is allocated
+        self.half = None;
+        self.dv = None;
+        let t = Instant::now();
+        let mut adj: CudaSlice<u32> = zeroed(st, self.n * degree, "the adjacency")?;
+        let (n32, r32, deg32) = (self.n as u32, self.r as u32, degree as u32);
+        let mut b = st.launch_builder(&self.k.finish);
+        b.arg(&self.pool_a).arg(&n32).arg(&r32).arg(&deg32).arg(&mut adj);
+        // SAFETY: the arguments match grnnd_finish; one warp per vertex.
+        unsafe { b.launch(self.cfg) }.map_err(|e| cuda("grnnd_finish", e))?;
+        st.synchronize().map_err(|e| cuda("the final cut", e))?;
+        self.times.final_cut_ms = t.elapsed().as_secs_f64() * 1e3;
+        let t = Instant::now();
+        st.memcpy_dtoh(&adj, &mut adjacency).map_err(|e| cuda("downloading the graph", e))?;
+        st.synchronize().map_err(|e| cuda("downloading the graph", e))?;
+        self.times.download_ms = t.elapsed().as_secs_f64() * 1e3;
+        if self.opts.verify_cut {
+            let pools: Vec<u64> = st.clone_dtoh(&self.pool_a).map_err(|e| cuda("downloading the pools", e))?;
+            let engine = engine_cut(&pools, self.r, degree);
+            let differ = engine.chunks(degree).zip(adjacency.chunks(degree)).filter(|(a, b)| a != b).count();
+            self.times.cut_mismatches = Some(differ);
+        }
+        Ok(adjacency)
+    }
+}
+
+/// The engine's final cut of downloaded pools (abi.h's slot layout).
+fn engine_cut(pools: &[u64], r: usize, degree: usize) -> Vec<u32> {
+    let mut adjacency = vec![NO_NODE; pools.len() / r * degree];
+    adjacency.par_chunks_mut(degree).enumerate().for_each_init(Vec::new, |scratch, (v, out)| {
+        let slots = pools[v * r..(v + 1) * r].iter().filter(|&&s| s != abi::POOL_EMPTY);
+        let cands = slots.map(|&s| (f32::from_bits((s >> 32) as u32), (s as u32) & abi::POOL_ID_MASK));
+        final_cut(v as u32, cands, scratch, out);
     });
     adjacency
 }
@@ -532,30 +532,17 @@ mod tests {
     use super::*;
 
     fn slot(d: f32, id: u32, new: bool) -> u64 {
-        ((d.to_bits() as u64) << 32) | id as u64 | if new { 1 << 31 } else { 0 }
+        ((d.to_bits() as u64) << 32) | id as u64 | if new { abi::POOL_NEW_BIT as u64 } else { 0 }
     }
 
     #[test]
-    fn host_cut_sorts_dedupes_and_pads() {
+    fn engine_cut_reads_the_pool_layout() {
         // node 0: ids 5 (twice, the nearer copy first), 3, itself, EMPTY
-        let e = u64::MAX;
-        let pools = vec![
-            slot(2.0, 5, true),
-            slot(1.0, 3, false),
-            slot(0.5, 5, false),
-            slot(0.0, 0, false),
-            e,
-            // node 1: one neighbour
-            slot(4.0, 0, true),
-            e,
-            e,
-            e,
-            e,
-        ];
-        let adj = final_cut(&pools, 5, 3);
-        assert_eq!(adj, vec![5, 3, NO_NODE, 0, NO_NODE, NO_NODE]);
-        // degree 1 keeps the nearest only
-        assert_eq!(final_cut(&pools, 5, 1), vec![5, 0]);
+        let e = abi::POOL_EMPTY;
+        let pools = vec![slot(2.0, 5, true), slot(1.0, 3, false), slot(0.5, 5, false), slot(0.0, 0, false), e];
+        let pools = [pools, vec![slot(4.0, 0, true), e, e, e, e]].concat();
+        assert_eq!(engine_cut(&pools, 5, 3), vec![5, 3, NO_NODE, 0, NO_NODE, NO_NODE]);
+        assert_eq!(engine_cut(&pools, 5, 1), vec![5, 0]);
     }
 
     #[test]

@@ -6,21 +6,18 @@ use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use rayon::prelude::*;
 
+use crate::abi;
 use crate::device::{function, Gpu};
 use crate::error::{cuda, guard, GpuError};
+use crate::memory::zeroed;
 use crate::vectors::DeviceVectors;
 
 /// Largest k: the on-chip lists hold 64 candidates, re-ranked to k <= 32.
-pub const MAX_K: usize = 32;
+pub const MAX_K: usize = abi::KNN_MAX_K as usize;
 
-// Must match knn_exact.cu.
-const BM: usize = 128;
-const BN: usize = 128;
-const KC: usize = 64;
-const KS: usize = KC + 8;
-const DPAD: usize = 4;
-const THREADS: u32 = 256;
-const SMEM_BYTES: usize = 2 * 128 * KS * 2 + BM * (BN + DPAD) * 4 + (BM + BN) * 4;
+const BM: usize = abi::KNN_BM as usize;
+const BN: usize = abi::KNN_BN as usize;
+const KC: usize = abi::KNN_KC as usize;
 
 /// An exact k-NN graph: row v's k nearest other rows, ascending by
 /// (distance, id); NO_NODE / +inf where fewer than k other rows exist.
@@ -74,64 +71,48 @@ pub(crate) fn knn_device(
     let tiles = function(&m, if l == 64 { "knn_tiles_64" } else { "knn_tiles_32" })?;
     let rerank = function(&m, "knn_rerank")?;
     tiles
-        .set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, SMEM_BYTES as i32)
+        .set_attribute(
+            CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            abi::KNN_SMEM_BYTES as i32,
+        )
         .map_err(|e| cuda("knn shared memory", e))?;
     let s = &gpu.stream;
     let scale = fp16_scale(host);
     let inv_scale2 = 1.0 / (scale * scale);
-    let alloc = |what: &str, e| cuda(&format!("allocating {what}"), e);
-    let mut xh = unsafe { s.alloc::<u16>(n * dk) }.map_err(|e| alloc("the fp16 vectors", e))?;
-    let mut norms = unsafe { s.alloc::<f32>(n) }.map_err(|e| alloc("norms", e))?;
-    let mut cand_i = unsafe { s.alloc::<u32>(n * l) }.map_err(|e| alloc("k-NN candidates", e))?;
-    let mut cand_d = unsafe { s.alloc::<f32>(n * l) }.map_err(|e| alloc("k-NN candidates", e))?;
-    let mut out_i = unsafe { s.alloc::<u32>(n * k) }.map_err(|e| alloc("the k-NN graph", e))?;
-    let mut out_d = unsafe { s.alloc::<f32>(n * k) }.map_err(|e| alloc("the k-NN graph", e))?;
+    let mut xh = zeroed::<u16>(s, n * dk, "the fp16 vectors")?;
+    let mut norms = zeroed::<f32>(s, n, "norms")?;
+    let mut cand_i = zeroed::<u32>(s, n * l, "k-NN candidates")?;
+    let mut cand_d = zeroed::<f32>(s, n * l, "k-NN candidates")?;
+    let mut out_i = zeroed::<u32>(s, n * k, "the k-NN graph")?;
+    let mut out_d = zeroed::<f32>(s, n * k, "the k-NN graph")?;
     let (n32, dp32, dk32, k32, l32) = (n as u32, dv.dp as u32, dk as u32, k as u32, l as u32);
     let warps = |rows: usize| LaunchConfig {
         grid_dim: (rows.div_ceil(8) as u32, 1, 1),
         block_dim: (256, 1, 1),
         shared_mem_bytes: 0,
     };
-    unsafe {
-        s.launch_builder(&prep)
-            .arg(&dv.x)
-            .arg(&n32)
-            .arg(&dp32)
-            .arg(&dk32)
-            .arg(&scale)
-            .arg(&mut xh)
-            .arg(&mut norms)
-            .launch(warps(n))
-    }
-    .map_err(|e| cuda("knn_prep", e))?;
+    let mut b = s.launch_builder(&prep);
+    b.arg(&dv.x).arg(&n32).arg(&dp32).arg(&dk32).arg(&scale).arg(&mut xh).arg(&mut norms);
+    // SAFETY: the arguments match knn_prep; one warp per row.
+    unsafe { b.launch(warps(n)) }.map_err(|e| cuda("knn_prep", e))?;
     // column slices of about 2^38 multiply-adds per launch (a few ms on a
     // Hopper), so a cancel is seen promptly even at millions of rows
     let ntiles = n.div_ceil(BN);
     let per_launch = ((1usize << 38) / (n.max(1) * dk * BN)).clamp(1, ntiles);
     let cfg = LaunchConfig {
         grid_dim: (n.div_ceil(BM) as u32, 1, 1),
-        block_dim: (THREADS, 1, 1),
-        shared_mem_bytes: SMEM_BYTES as u32,
+        block_dim: (abi::KNN_THREADS, 1, 1),
+        shared_mem_bytes: abi::KNN_SMEM_BYTES,
     };
     let mut t = 0;
     while t < ntiles {
         let t1 = (t + per_launch).min(ntiles);
         let (cb, ce, resume) = ((t * BN) as u32, (t1 * BN) as u32, (t > 0) as u32);
-        unsafe {
-            s.launch_builder(&tiles)
-                .arg(&xh)
-                .arg(&norms)
-                .arg(&n32)
-                .arg(&dk32)
-                .arg(&inv_scale2)
-                .arg(&cb)
-                .arg(&ce)
-                .arg(&resume)
-                .arg(&mut cand_i)
-                .arg(&mut cand_d)
-                .launch(cfg)
-        }
-        .map_err(|e| cuda("knn_tiles", e))?;
+        let mut b = s.launch_builder(&tiles);
+        b.arg(&xh).arg(&norms).arg(&n32).arg(&dk32).arg(&inv_scale2).arg(&cb).arg(&ce).arg(&resume);
+        b.arg(&mut cand_i).arg(&mut cand_d);
+        // SAFETY: the arguments match knn_tiles_32/64; a block per BM rows.
+        unsafe { b.launch(cfg) }.map_err(|e| cuda("knn_tiles", e))?;
         t = t1;
         if t < ntiles {
             s.synchronize().map_err(|e| cuda("knn_tiles", e))?;
@@ -140,19 +121,10 @@ pub(crate) fn knn_device(
             }
         }
     }
-    unsafe {
-        s.launch_builder(&rerank)
-            .arg(&dv.x)
-            .arg(&n32)
-            .arg(&dp32)
-            .arg(&cand_i)
-            .arg(&l32)
-            .arg(&k32)
-            .arg(&mut out_i)
-            .arg(&mut out_d)
-            .launch(warps(n))
-    }
-    .map_err(|e| cuda("knn_rerank", e))?;
+    let mut b = s.launch_builder(&rerank);
+    b.arg(&dv.x).arg(&n32).arg(&dp32).arg(&cand_i).arg(&l32).arg(&k32).arg(&mut out_i).arg(&mut out_d);
+    // SAFETY: the arguments match knn_rerank; one warp per row.
+    unsafe { b.launch(warps(n)) }.map_err(|e| cuda("knn_rerank", e))?;
     s.synchronize().map_err(|e| cuda("exact k-NN", e))?;
     Ok((out_i, out_d))
 }

@@ -4,23 +4,29 @@
 //!
 //! - [`Gpu::open`]: finds libcuda and NVRTC (see [`loader`]), opens device 0,
 //!   compiles the kernels of `kernels/` for its architecture (once per
-//!   process) and loads them.
+//!   process, [`nvrtc`]) and loads them.
+//! - [`abi`]: the host–kernel ABI, mirroring `kernels/abi.h`.
+//! - [`memory`]: device and pinned memory behind RAII types.
 //! - [`build`]: the GRNND graph build (kernels/rnn_descent.cu) from a random
-//!   or an exact k-NN start, with the CPU path's final cut.
+//!   or an exact k-NN start, with the engine's final cut.
 //! - [`knn_graph`]: the exact k-NN graph on tensor cores (kernels/knn_exact.cu).
+//! - [`prune::prune_lists`]: the engine's prune rule over given lists.
 //! - [`search`]: the persistent search kernel (kernels/search_persistent.cu)
 //!   and its host side, for the search worker.
 
+pub mod abi;
 pub mod device;
 pub mod error;
 pub mod grnnd;
 pub mod knn;
 pub mod loader;
+pub mod memory;
 pub mod nvrtc;
+pub mod prune;
 pub mod search;
 mod vectors;
 
 pub use device::{DeviceInfo, Gpu};
 pub use error::GpuError;
-pub use grnnd::{build, build_with, GpuOptions, KnnInit, PhaseTimes, PruneRule, ScanOrder, EXACT_KNN_AUTO_MAX_ROWS};
+pub use grnnd::{build, build_with, GpuOptions, KnnInit, PhaseTimes, ScanOrder, EXACT_KNN_AUTO_MAX_ROWS};
 pub use knn::{knn_graph, KnnGraph};

@@ -2,7 +2,8 @@
 //! device's architecture, once per process.
 //!
 //! The sources are embedded in the binary (include_str!), so the extension
-//! needs no file beside it. They include no header: NVRTC has no toolkit
+//! needs no file beside it. They include only this folder's own headers
+//! (abi.h, common.cuh), handed to NVRTC from memory: NVRTC has no toolkit
 //! headers on a machine that only has the driver and libnvrtc.
 //!
 //! Target: real machine code (`sm_XY`, a CUBIN: nothing left for the
@@ -12,7 +13,9 @@
 
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int, CStr, CString};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
+
+use parking_lot::Mutex;
 
 use cudarc::nvrtc::sys;
 
@@ -30,9 +33,18 @@ pub const RNN_DESCENT: KernelSource =
     KernelSource { name: "rnn_descent.cu", src: include_str!("../../../kernels/rnn_descent.cu") };
 pub const KNN_EXACT: KernelSource =
     KernelSource { name: "knn_exact.cu", src: include_str!("../../../kernels/knn_exact.cu") };
+pub const SEARCH_PERSISTENT: KernelSource =
+    KernelSource { name: "search_persistent.cu", src: include_str!("../../../kernels/search_persistent.cu") };
 
 /// Every kernel file, for the compile check.
-pub const ALL: &[KernelSource] = &[RNN_DESCENT, KNN_EXACT];
+pub const ALL: &[KernelSource] = &[RNN_DESCENT, KNN_EXACT, SEARCH_PERSISTENT];
+
+/// The headers every kernel may include by name: the host–kernel ABI and the
+/// shared device helpers.
+pub const ABI_H: KernelSource = KernelSource { name: "abi.h", src: include_str!("../../../kernels/abi.h") };
+pub const COMMON_CUH: KernelSource =
+    KernelSource { name: "common.cuh", src: include_str!("../../../kernels/common.cuh") };
+pub const HEADERS: &[KernelSource] = &[ABI_H, COMMON_CUH];
 
 /// What to compile for.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -76,6 +88,7 @@ pub fn version() -> Result<(i32, i32), GpuError> {
     loader::load_nvrtc()?;
     crate::error::guard("nvrtcVersion", || {
         let (mut a, mut b) = (0 as c_int, 0 as c_int);
+        // SAFETY: two valid out-pointers.
         check("version", unsafe { sys::nvrtcVersion(&mut a, &mut b) })?;
         Ok((a, b))
     })
@@ -86,8 +99,10 @@ pub fn supported_archs() -> Result<Vec<u32>, GpuError> {
     loader::load_nvrtc()?;
     crate::error::guard("nvrtcGetSupportedArchs", || {
         let mut n: c_int = 0;
+        // SAFETY: a valid out-pointer.
         check("supported archs", unsafe { sys::nvrtcGetNumSupportedArchs(&mut n) })?;
         let mut v = vec![0 as c_int; n.max(0) as usize];
+        // SAFETY: `v` has room for the n architectures NVRTC reported.
         check("supported archs", unsafe { sys::nvrtcGetSupportedArchs(v.as_mut_ptr()) })?;
         Ok(v.into_iter().map(|a| a as u32).collect())
     })
@@ -109,67 +124,114 @@ pub fn target_for(cc: (i32, i32)) -> Result<Target, GpuError> {
     }
 }
 
-/// Compiles one kernel file. `extra` are further NVRTC options (include
-/// folders for the compile check, say). Errors carry NVRTC's log.
+/// Compiles one kernel file with this folder's headers ([`HEADERS`]).
+/// `extra` are further NVRTC options (`-DNAME=1`, say). Errors carry NVRTC's
+/// log.
 pub fn compile(k: &KernelSource, target: &Target, extra: &[String]) -> Result<Compiled, GpuError> {
-    loader::load_nvrtc()?;
-    crate::error::guard("NVRTC", || compile_inner(k, target, extra))
+    compile_with(k, HEADERS, target, extra)
 }
 
-fn compile_inner(k: &KernelSource, target: &Target, extra: &[String]) -> Result<Compiled, GpuError> {
-    let t0 = std::time::Instant::now();
-    let src = CString::new(k.src).map_err(|_| GpuError::Cuda(format!("{}: NUL in source", k.name)))?;
-    let name = CString::new(k.name).unwrap();
-    let mut prog: sys::nvrtcProgram = std::ptr::null_mut();
-    check("create program", unsafe {
-        sys::nvrtcCreateProgram(&mut prog, src.as_ptr(), name.as_ptr(), 0, std::ptr::null(), std::ptr::null())
-    })?;
-    struct Prog(sys::nvrtcProgram);
-    impl Drop for Prog {
-        fn drop(&mut self) {
-            unsafe {
-                sys::nvrtcDestroyProgram(&mut self.0);
-            }
+/// As [`compile`], with the given headers (the compile check reads them from
+/// a working tree).
+pub fn compile_with(
+    k: &KernelSource,
+    headers: &[KernelSource],
+    target: &Target,
+    extra: &[String],
+) -> Result<Compiled, GpuError> {
+    loader::load_nvrtc()?;
+    crate::error::guard("NVRTC", || {
+        let t0 = std::time::Instant::now();
+        let prog = Program::new(k, headers)?;
+        let mut opts: Vec<String> = vec![target.option(), "-std=c++17".into()];
+        opts.extend(extra.iter().cloned());
+        let (ok, log) = prog.compile(&opts)?;
+        if !ok {
+            return Err(GpuError::Compile { kernel: k.name.to_string(), log });
         }
+        let image = prog.image(target)?;
+        Ok(Compiled { target: target.clone(), image, log, compile_ms: t0.elapsed().as_secs_f64() * 1e3 })
+    })
+}
+
+/// An NVRTC program, destroyed on drop. Raw NVRTC calls: cudarc's compile
+/// functions neither take headers from memory nor return a CUBIN.
+struct Program(sys::nvrtcProgram);
+
+fn cstring(s: &str, what: &str) -> Result<CString, GpuError> {
+    CString::new(s).map_err(|_| GpuError::Cuda(format!("{what}: NUL in text")))
+}
+
+impl Program {
+    fn new(k: &KernelSource, headers: &[KernelSource]) -> Result<Program, GpuError> {
+        let src = cstring(k.src, k.name)?;
+        let name = cstring(k.name, k.name)?;
+        let texts: Vec<CString> = headers.iter().map(|h| cstring(h.src, h.name)).collect::<Result<_, _>>()?;
+        let names: Vec<CString> = headers.iter().map(|h| cstring(h.name, h.name)).collect::<Result<_, _>>()?;
+        let text_ptrs: Vec<*const c_char> = texts.iter().map(|c| c.as_ptr()).collect();
+        let name_ptrs: Vec<*const c_char> = names.iter().map(|c| c.as_ptr()).collect();
+        let mut prog: sys::nvrtcProgram = std::ptr::null_mut();
+        // SAFETY: every pointer is a NUL-terminated string alive for the call
+        // (NVRTC copies them); the two arrays have headers.len() entries.
+        check("create program", unsafe {
+            sys::nvrtcCreateProgram(
+                &mut prog,
+                src.as_ptr(),
+                name.as_ptr(),
+                headers.len() as c_int,
+                text_ptrs.as_ptr(),
+                name_ptrs.as_ptr(),
+            )
+        })?;
+        Ok(Program(prog))
     }
-    let p = Prog(prog);
-    let mut opts: Vec<String> = vec![target.option(), "-std=c++17".into()];
-    opts.extend(extra.iter().cloned());
-    let copts: Vec<CString> = opts.iter().map(|o| CString::new(o.as_str()).unwrap()).collect();
-    let ptrs: Vec<*const c_char> = copts.iter().map(|c| c.as_ptr()).collect();
-    let r = unsafe { sys::nvrtcCompileProgram(p.0, ptrs.len() as c_int, ptrs.as_ptr()) };
-    let log = unsafe {
+
+    /// Compiles; whether it succeeded, and NVRTC's log (warnings or errors).
+    fn compile(&self, opts: &[String]) -> Result<(bool, String), GpuError> {
+        let copts: Vec<CString> = opts.iter().map(|o| cstring(o, "an option")).collect::<Result<_, _>>()?;
+        let ptrs: Vec<*const c_char> = copts.iter().map(|c| c.as_ptr()).collect();
+        // SAFETY: a live program; `ptrs` holds ptrs.len() NUL-terminated options.
+        let r = unsafe { sys::nvrtcCompileProgram(self.0, ptrs.len() as c_int, ptrs.as_ptr()) };
         let mut n = 0usize;
-        sys::nvrtcGetProgramLogSize(p.0, &mut n);
-        let mut buf = vec![0 as c_char; n.max(1)];
-        sys::nvrtcGetProgramLog(p.0, buf.as_mut_ptr());
-        CStr::from_ptr(buf.as_ptr()).to_string_lossy().trim().to_string()
-    };
-    if r != sys::nvrtcResult::NVRTC_SUCCESS {
-        return Err(GpuError::Compile {
-            kernel: k.name.to_string(),
-            log: if log.is_empty() { format!("{r:?}") } else { log },
-        });
+        // SAFETY: a live program; the log buffer has the size NVRTC asked for.
+        let log = unsafe {
+            sys::nvrtcGetProgramLogSize(self.0, &mut n);
+            let mut buf = vec![0 as c_char; n.max(1)];
+            sys::nvrtcGetProgramLog(self.0, buf.as_mut_ptr());
+            CStr::from_ptr(buf.as_ptr()).to_string_lossy().trim().to_string()
+        };
+        let ok = r == sys::nvrtcResult::NVRTC_SUCCESS;
+        Ok((ok, if !ok && log.is_empty() { format!("{r:?}") } else { log }))
     }
-    let image = unsafe {
-        match target {
-            Target::Cubin(_) => {
-                let mut n = 0usize;
-                check("cubin size", sys::nvrtcGetCUBINSize(p.0, &mut n))?;
-                let mut buf = vec![0u8; n];
-                check("cubin", sys::nvrtcGetCUBIN(p.0, buf.as_mut_ptr() as *mut c_char))?;
-                buf
-            }
-            Target::Ptx(_) => {
-                let mut n = 0usize;
-                check("ptx size", sys::nvrtcGetPTXSize(p.0, &mut n))?;
-                let mut buf = vec![0u8; n];
-                check("ptx", sys::nvrtcGetPTX(p.0, buf.as_mut_ptr() as *mut c_char))?;
-                buf
+
+    /// The compiled image: CUBIN bytes, or PTX text with its NUL.
+    fn image(&self, target: &Target) -> Result<Vec<u8>, GpuError> {
+        let mut n = 0usize;
+        // SAFETY: a compiled program; each buffer has the size NVRTC gave.
+        unsafe {
+            match target {
+                Target::Cubin(_) => {
+                    check("cubin size", sys::nvrtcGetCUBINSize(self.0, &mut n))?;
+                    let mut buf = vec![0u8; n];
+                    check("cubin", sys::nvrtcGetCUBIN(self.0, buf.as_mut_ptr() as *mut c_char))?;
+                    Ok(buf)
+                }
+                Target::Ptx(_) => {
+                    check("ptx size", sys::nvrtcGetPTXSize(self.0, &mut n))?;
+                    let mut buf = vec![0u8; n];
+                    check("ptx", sys::nvrtcGetPTX(self.0, buf.as_mut_ptr() as *mut c_char))?;
+                    Ok(buf)
+                }
             }
         }
-    };
-    Ok(Compiled { target: target.clone(), image, log, compile_ms: t0.elapsed().as_secs_f64() * 1e3 })
+    }
+}
+
+impl Drop for Program {
+    fn drop(&mut self) {
+        // SAFETY: created by nvrtcCreateProgram, destroyed once.
+        unsafe { sys::nvrtcDestroyProgram(&mut self.0) };
+    }
 }
 
 type Cache = Mutex<HashMap<(&'static str, Target, Vec<String>), Arc<Compiled>>>;
@@ -183,10 +245,10 @@ static CACHE: OnceLock<Cache> = OnceLock::new();
 pub fn compiled(k: &KernelSource, target: &Target, options: &[String]) -> Result<Arc<Compiled>, GpuError> {
     let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
     let key = (k.name, target.clone(), options.to_vec());
-    if let Some(c) = cache.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+    if let Some(c) = cache.lock().get(&key) {
         return Ok(c.clone());
     }
     // compiled outside the lock; two threads racing both compile, one wins
     let c = Arc::new(compile(k, target, options)?);
-    Ok(cache.lock().unwrap_or_else(|e| e.into_inner()).entry(key).or_insert(c).clone())
+    Ok(cache.lock().entry(key).or_insert(c).clone())
 }

@@ -1,6 +1,10 @@
 //! Server configuration, the per-query plan (how a query's beam is spread
-//! over its slot's CTAs) and the memory layouts shared with
-//! kernels/search_persistent.cu.
+//! over its slot's CTAs) and the server's sizes (slots, CTAs, strides).
+
+use std::mem::size_of;
+
+use crate::abi::{self, IndexDesc, RequestHead, ResultHead, ResultHit};
+use crate::error::GpuError;
 
 /// How a SearchServer is sized. Every `0` means "choose from the device".
 #[derive(Clone, Debug)]
@@ -143,95 +147,91 @@ impl SearchPolicy {
     }
 }
 
-// ------------------------------------------------------------------ layouts
-// (kernels/search_persistent.cu)
+/// Bytes between two finish words: each on its own 64-byte line.
+pub(crate) const FINISH_STRIDE_WORDS: usize = 16;
 
-/// Bytes of a request header; the query's floats follow.
-pub(crate) const REQ_HEAD_BYTES: usize = 64;
-/// Bytes of a CTA's result header; k_max (dist, id) pairs follow.
-pub(crate) const OUT_HEAD_BYTES: usize = 16;
-/// Candidate buffer of a CTA: beam * degree at most this.
-pub(crate) const CAND_CAP: usize = 256;
-/// IndexDesc size.
-pub(crate) const DESC_BYTES: usize = 64;
-/// Work words: seq << 5 | (ctas - 1); seq stays below this.
-pub(crate) const SEQ_LIMIT: u32 = (1 << 27) - 2;
-pub(crate) const CMD_QUIT: u32 = 0xFFFF_FFFF;
-pub(crate) const CMD_FAULT: u32 = 0xFFFF_FFFE;
-/// Result header word 2 when the kernel found no loaded index for a request.
-pub(crate) const OUT_BAD_INDEX: u32 = 0xFFFF_FFFF;
-/// Bit 0 of a node's flags.
-pub const FLAG_DELETED: u8 = 1;
-
-/// Dynamic shared memory of one CTA (the kernel's carve-up).
-pub(crate) fn shared_bytes(max_qwords: usize, list_cap: usize) -> usize {
-    4 * max_qwords + 16 * list_cap + 8 * CAND_CAP + 8 * 32 + 4 * 32
+/// The server's sizes, fixed at start from [`ServerConfig`] and the device.
+#[derive(Clone, Debug)]
+pub(crate) struct Sizing {
+    pub slots: usize,
+    pub ctas: usize,
+    pub groups: usize,
+    pub max_qwords: usize,
+    pub list_cap: usize,
+    pub k_max: usize,
+    pub visited_log2: u32,
+    pub max_indexes: usize,
+    /// bytes of a slot's request: header and query
+    pub req_stride: usize,
+    /// bytes of one CTA's answer: header and k_max hits
+    pub cta_block: usize,
+    /// bytes of a slot's answers
+    pub result_stride: usize,
+    /// dynamic shared memory of one CTA
+    pub smem: usize,
 }
 
-pub(crate) fn cmd_word(seq: u32, ctas: u32) -> u32 {
-    debug_assert!((1..=SEQ_LIMIT).contains(&seq) && (1..=32).contains(&ctas));
-    (seq << 5) | (ctas - 1)
-}
-
-/// Row format of an index on the device.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct RowFormat {
-    pub half: bool,
-    /// 16-byte chunks per row
-    pub chunks: usize,
-    /// floats of the query the kernel reads (chunks * 4 or * 8)
-    pub qwords: usize,
-    /// lanes per distance
-    pub lanes: u32,
-}
-
-impl RowFormat {
-    pub fn new(dim: usize, half: bool) -> RowFormat {
-        let per = if half { 8 } else { 4 };
-        let chunks = dim.div_ceil(per);
-        // each lane issues up to 16 loads per vector (DIST_UNROLL): G = the
-        // smallest power of two with chunks <= 16 G
-        let lanes = chunks.div_ceil(16).next_power_of_two().clamp(1, 32) as u32;
-        RowFormat { half, chunks, qwords: chunks * per, lanes }
-    }
-    pub fn row_bytes(&self) -> usize {
-        self.chunks * 16
-    }
-}
-
-/// f32 -> IEEE half, only when the value converts exactly.
-pub(crate) fn f16_exact(x: f32) -> Option<u16> {
-    let b = x.to_bits();
-    let sign = ((b >> 16) & 0x8000) as u16;
-    let exp = ((b >> 23) & 0xff) as i32;
-    let man = b & 0x7f_ffff;
-    if exp == 0 {
-        // zero (f32 subnormals are far below half's range)
-        return if man == 0 { Some(sign) } else { None };
-    }
-    if exp == 0xff {
-        return None;
-    }
-    let e = exp - 127;
-    if e > 15 {
-        return None;
-    }
-    if e >= -14 {
-        if man & 0x1fff != 0 {
-            return None;
+impl Sizing {
+    /// Everything that does not depend on the device.
+    pub fn new(cfg: &ServerConfig) -> Result<Sizing, GpuError> {
+        let ctas = if cfg.ctas_per_slot == 0 { DEFAULT_CTAS_PER_SLOT } else { cfg.ctas_per_slot };
+        if !(1..=32).contains(&ctas) {
+            return Err(GpuError::Unsupported(format!("{ctas} CTAs per slot (1 to 32)")));
         }
-        return Some(sign | (((e + 15) as u16) << 10) | ((man >> 13) as u16));
+        let max_qwords = cfg.max_dim.max(1).next_multiple_of(8);
+        let list_cap = cfg.max_list.max(1);
+        let k_max = cfg.max_k.max(1).next_multiple_of(2);
+        let cta_block = size_of::<ResultHead>() + size_of::<ResultHit>() * k_max;
+        Ok(Sizing {
+            slots: cfg.slots,
+            ctas,
+            groups: 0,
+            max_qwords,
+            list_cap,
+            k_max,
+            visited_log2: if cfg.visited_log2 == 0 {
+                ((list_cap * ctas * 16).next_power_of_two().trailing_zeros()).clamp(12, 17)
+            } else {
+                cfg.visited_log2.clamp(8, 24)
+            },
+            max_indexes: cfg.max_indexes.max(1),
+            req_stride: (size_of::<RequestHead>() + 4 * max_qwords).next_multiple_of(128),
+            cta_block,
+            result_stride: (ctas * cta_block).next_multiple_of(128),
+            smem: abi::search_smem_bytes(max_qwords as u32, list_cap as u32) as usize,
+        })
     }
-    if e < -24 {
-        return None;
+
+    /// Slots and groups, once the kernel's occupancy is known: every CTA
+    /// must be resident at once (a spinning CTA that is not would never let
+    /// the others finish).
+    pub fn fit(&mut self, cfg: &ServerConfig, blocks_per_sm: usize, sm_count: usize) -> Result<(), GpuError> {
+        let resident = blocks_per_sm * sm_count;
+        let slots = if cfg.slots == 0 { (resident / self.ctas).min(256) } else { cfg.slots };
+        if slots == 0 || slots * self.ctas > resident {
+            return Err(GpuError::Unsupported(format!(
+                "{slots} slots x {} CTAs do not fit resident at once: {blocks_per_sm} blocks per SM x {sm_count} SMs \
+                 ({} bytes of shared memory each)",
+                self.ctas, self.smem
+            )));
+        }
+        self.slots = slots;
+        self.groups = if cfg.groups == 0 { slots.min(8) } else { cfg.groups.min(slots) }.max(1);
+        Ok(())
     }
-    // half subnormal: value = m * 2^-24 with m = full * 2^(e + 1)
-    let full = man | 0x80_0000;
-    let s = (-(e + 1)) as u32;
-    if full & ((1u32 << s) - 1) != 0 {
-        return None;
+
+    pub fn visited_bytes(&self) -> usize {
+        self.slots << self.visited_log2 << 3
     }
-    Some(sign | (full >> s) as u16)
+    /// Device bytes of the server itself (slot words, requests, visited
+    /// tables, the index table).
+    pub fn device_bytes(&self) -> usize {
+        self.slots * (8 + self.req_stride) + self.visited_bytes() + self.max_indexes * size_of::<IndexDesc>()
+    }
+    /// Pinned host bytes.
+    pub fn pinned_bytes(&self) -> usize {
+        self.slots * (self.req_stride + self.result_stride + FINISH_STRIDE_WORDS * 4 + 4)
+    }
 }
 
 #[cfg(test)]
@@ -251,23 +251,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn f16_exact_roundtrips() {
-        for v in
-            [0.0f32, -0.0, 1.0, -1.0, 255.0, 0.5, 65504.0, -2.0f32.powi(-14), 2.0f32.powi(-24), 3.0 * 2.0f32.powi(-20)]
-        {
-            let h = f16_exact(v).unwrap_or_else(|| panic!("{v} should convert"));
-            assert_eq!(f16_to_f32(h).to_bits(), v.to_bits(), "{v}");
-        }
-        for i in 0..=255 {
-            let h = f16_exact(i as f32).unwrap();
-            assert_eq!(f16_to_f32(h), i as f32);
-        }
-        for v in [0.1f32, 65505.0, 1e6, 2.0f32.powi(-25), 1.0 + 2.0f32.powi(-11), f32::NAN, f32::INFINITY] {
-            assert!(f16_exact(v).is_none(), "{v} is not exact in half");
-        }
-    }
-
-    #[test]
     fn plans() {
         let p = SearchPolicy::default();
         let q = p.plan(10, 10, 4);
@@ -284,18 +267,13 @@ mod tests {
     }
 
     #[test]
-    fn row_formats() {
-        let r = RowFormat::new(128, true);
-        assert_eq!((r.chunks, r.qwords, r.lanes), (16, 128, 1));
-        let r = RowFormat::new(128, false);
-        assert_eq!((r.chunks, r.qwords, r.lanes), (32, 128, 2));
-        let r = RowFormat::new(129, false);
-        assert_eq!((r.chunks, r.qwords, r.lanes), (33, 132, 4));
-        let r = RowFormat::new(3, false);
-        assert_eq!((r.chunks, r.qwords, r.lanes), (1, 4, 1));
-        let r = RowFormat::new(2000, false);
-        assert_eq!((r.chunks, r.lanes), (500, 32));
-        let r = RowFormat::new(768, false);
-        assert_eq!((r.chunks, r.lanes), (192, 16));
+    fn sizes() {
+        let mut z = Sizing::new(&ServerConfig::default()).unwrap();
+        assert_eq!((z.ctas, z.max_qwords, z.k_max, z.req_stride), (4, 2048, 256, 8192 + 128));
+        assert_eq!(z.smem, 4 * 2048 + 16 * 256 + 8 * 256 + 256 + 128);
+        z.fit(&ServerConfig::default(), 12, 132).unwrap();
+        assert_eq!((z.slots, z.groups), (256, 8));
+        assert!(z.fit(&ServerConfig { slots: 500, ..ServerConfig::default() }, 12, 132).is_err());
+        assert!(Sizing::new(&ServerConfig { ctas_per_slot: 33, ..ServerConfig::default() }).is_err());
     }
 }

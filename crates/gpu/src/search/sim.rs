@@ -8,22 +8,15 @@
 
 use std::collections::HashSet;
 
-use super::merge::merge_lists;
-use super::plan::{QueryPlan, CAND_CAP, FLAG_DELETED};
+use gpu_graph_engine::flat::FlatIndex;
+use gpu_graph_engine::metric::Metric;
+use gpu_graph_engine::node;
+use gpu_graph_engine::random::mix64;
 use gpu_graph_engine::NO_NODE;
 
-/// An index as the kernel sees it (stored vectors, prepared).
-pub struct SimIndex<'a> {
-    pub vectors: &'a [f32],
-    pub dim: usize,
-    pub adjacency: &'a [u32],
-    pub degree: usize,
-    pub entry: u32,
-    /// per node, bit 0 = deleted; empty = none deleted
-    pub flags: &'a [u8],
-    /// rank by -dot over the first dim-1 coordinates (inner product)
-    pub inner_product: bool,
-}
+use super::merge::merge_lists;
+use super::plan::QueryPlan;
+use crate::abi::CAND_CAP;
 
 /// Work of one simulated query.
 #[derive(Clone, Copy, Debug, Default)]
@@ -46,41 +39,31 @@ struct Cta {
     done: bool,
 }
 
-fn mix64(mut x: u64) -> u64 {
-    x ^= x >> 30;
-    x = x.wrapping_mul(0xbf58476d1ce4e5b9);
-    x ^= x >> 27;
-    x = x.wrapping_mul(0x94d049bb133111eb);
-    x ^= x >> 31;
-    x
-}
-
-impl SimIndex<'_> {
-    fn n(&self) -> usize {
-        self.vectors.len() / self.dim
-    }
-    fn dist(&self, q: &[f32], node: u32) -> f32 {
-        let x = &self.vectors[node as usize * self.dim..(node as usize + 1) * self.dim];
-        if self.inner_product {
-            let d = self.dim - 1;
-            -x[..d].iter().zip(&q[..d]).map(|(a, b)| a * b).sum::<f32>()
-        } else {
-            x.iter().zip(q).map(|(a, b)| (a - b) * (a - b)).sum()
-        }
-    }
-    fn neighbors(&self, node: u32) -> &[u32] {
-        &self.adjacency[node as usize * self.degree..(node as usize + 1) * self.degree]
+/// The kernel's distance: squared L2, or -dot over all but the last
+/// coordinate (inner product), summed in the plain order.
+fn dist(ix: &FlatIndex, q: &[f32], node: u32) -> f32 {
+    let x = ix.vector(node);
+    if ix.metric == Metric::InnerProduct {
+        let d = ix.stored_dim - 1;
+        -x[..d].iter().zip(&q[..d]).map(|(a, b)| a * b).sum::<f32>()
+    } else {
+        x.iter().zip(q).map(|(a, b)| (a - b) * (a - b)).sum()
     }
 }
 
-fn absorb(ix: &SimIndex, q: &[f32], cta: &mut Cta, cap: usize, new: &[(u32, bool)], st: &mut SimStats) {
+fn neighbors(ix: &FlatIndex, node: u32) -> &[u32] {
+    let d = ix.graph.degree;
+    &ix.graph.adjacency[node as usize * d..(node as usize + 1) * d]
+}
+
+fn absorb(ix: &FlatIndex, q: &[f32], cta: &mut Cta, cap: usize, new: &[(u32, bool)], st: &mut SimStats) {
     if new.is_empty() {
         return;
     }
     st.computed += new.len() as u64;
     let thr = if cta.list.len() >= cap { cta.list[cap - 1].0 } else { f32::INFINITY };
     let mut surv: Vec<(f32, u32, bool)> =
-        new.iter().map(|&(n, e)| (ix.dist(q, n), n, e)).filter(|c| c.0 < thr).collect();
+        new.iter().map(|&(n, e)| (dist(ix, q, n), n, e)).filter(|c| c.0 < thr).collect();
     for chunk in surv.chunks_mut(32) {
         st.merges += 1;
         chunk.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
@@ -105,23 +88,23 @@ fn absorb(ix: &SimIndex, q: &[f32], cta: &mut Cta, cap: usize, new: &[(u32, bool
 }
 
 /// Claims unvisited nodes (shared set), in order.
-fn claim(ix: &SimIndex, visited: &mut HashSet<u32>, ids: impl Iterator<Item = (u32, bool)>) -> Vec<(u32, bool)> {
-    let n = ix.n() as u32;
+fn claim(ix: &FlatIndex, visited: &mut HashSet<u32>, ids: impl Iterator<Item = (u32, bool)>) -> Vec<(u32, bool)> {
+    let n = ix.len() as u32;
     ids.filter(|&(id, _)| id < n && visited.insert(id)).collect()
 }
 
 /// One query: the per-CTA lists (first k live entries each, as the kernel
 /// writes them), the host's merge, and the work done.
-pub fn simulate(ix: &SimIndex, query: &[f32], k: usize, plan: &QueryPlan, salt: u64) -> (Vec<(f32, u32)>, SimStats) {
+pub fn simulate(ix: &FlatIndex, query: &[f32], k: usize, plan: &QueryPlan, salt: u64) -> (Vec<(f32, u32)>, SimStats) {
     let mut st = SimStats::default();
-    let n = ix.n();
-    if n == 0 {
+    let n = ix.len();
+    let Some(entry) = ix.graph.entry.filter(|_| n > 0) else {
         return (Vec::new(), st);
-    }
+    };
     let t_n = plan.ctas.max(1) as usize;
     let cap = plan.list.max(1) as usize;
-    let deg = ix.degree;
-    let bmax = (CAND_CAP / deg).clamp(1, 32);
+    let deg = ix.graph.degree;
+    let bmax = (CAND_CAP as usize / deg).clamp(1, 32);
     let bw = (plan.beam_width as usize).clamp(1, bmax);
     let seeds = plan.seeds.min(31) as u64;
     let mut visited: HashSet<u32> = HashSet::new();
@@ -129,13 +112,12 @@ pub fn simulate(ix: &SimIndex, query: &[f32], k: usize, plan: &QueryPlan, salt: 
     // start: entry + seeds
     for (t, cta) in ctas.iter_mut().enumerate() {
         let s = mix64(salt ^ ((t as u64) << 40));
-        let ids =
-            std::iter::once((ix.entry, true)).chain((1..=seeds).map(|e| ((mix64(s + e) % n as u64) as u32, false)));
+        let ids = std::iter::once((entry, true)).chain((1..=seeds).map(|e| ((mix64(s + e) % n as u64) as u32, false)));
         let new = claim(ix, &mut visited, ids);
         absorb(ix, query, cta, cap, &new, &mut st);
     }
     // the entry's neighbours, split j % T == t
-    let row = ix.neighbors(ix.entry);
+    let row = neighbors(ix, entry);
     for (t, cta) in ctas.iter_mut().enumerate() {
         let ids = row.iter().enumerate().filter(|(j, _)| j % t_n == t).map(|(_, &v)| (v, false));
         let new = claim(ix, &mut visited, ids.filter(|&(v, _)| v != NO_NODE));
@@ -171,7 +153,8 @@ pub fn simulate(ix: &SimIndex, query: &[f32], k: usize, plan: &QueryPlan, salt: 
                 }
             }
             active = true;
-            let ids: Vec<(u32, bool)> = sel.iter().flat_map(|&s| ix.neighbors(s).iter().map(|&v| (v, false))).collect();
+            let ids: Vec<(u32, bool)> =
+                sel.iter().flat_map(|&s| neighbors(ix, s).iter().map(|&v| (v, false))).collect();
             let new = claim(ix, &mut visited, ids.into_iter());
             absorb(ix, query, cta, cap, &new, &mut st);
             cta.expanded += sel.len() as u32;
@@ -181,7 +164,7 @@ pub fn simulate(ix: &SimIndex, query: &[f32], k: usize, plan: &QueryPlan, salt: 
         }
         st.steps += 1;
     }
-    let deleted = |v: u32| ix.flags.get(v as usize).is_some_and(|f| f & FLAG_DELETED != 0);
+    let deleted = |v: u32| !node::is_result(ix.flags[v as usize]);
     let outs: Vec<Vec<(f32, u32)>> =
         ctas.iter().map(|c| c.list.iter().filter(|e| !deleted(e.1)).take(k).map(|e| (e.0, e.1)).collect()).collect();
     st.expanded = ctas.iter().map(|c| c.expanded as u64).sum();
@@ -193,8 +176,6 @@ pub fn simulate(ix: &SimIndex, query: &[f32], k: usize, plan: &QueryPlan, salt: 
 mod tests {
     use super::*;
     use crate::search::plan::SearchPolicy;
-    use gpu_graph_engine::memory::MemoryStore;
-    use gpu_graph_engine::metric::Metric;
     use gpu_graph_engine::params::BuildParams;
     use gpu_graph_engine::recall::{exact_knn, mean_recall};
     use gpu_graph_engine::rnn_descent;
@@ -213,16 +194,7 @@ mod tests {
         let queries = data(50, dim, 99);
         let params = BuildParams { degree: 16, ..BuildParams::default() };
         let g = rnn_descent::build(&base, dim, &params, &mut |_: usize, _: usize| true).unwrap();
-        let store = MemoryStore::from_graph(&g, base.clone(), dim, (0..n as u64).collect());
-        let ix = SimIndex {
-            vectors: &base,
-            dim,
-            adjacency: &g.adjacency,
-            degree: g.degree,
-            entry: g.entry.unwrap(),
-            flags: &[],
-            inner_product: false,
-        };
+        let ix = FlatIndex::new(Metric::L2, dim, base.clone(), g);
         let truth = exact_knn(&base, dim, &queries, k, Metric::L2);
         for ef in [10usize, 20, 40] {
             let pol = SearchPolicy { beam_width: 1, ..SearchPolicy::default() };
@@ -232,8 +204,7 @@ mod tests {
             let mut multi_found = Vec::new();
             for qi in 0..50 {
                 let q = &queries[qi * dim..(qi + 1) * dim];
-                let cpu: Vec<(f32, u32)> =
-                    search(&store, Metric::L2, q, k, ef).iter().map(|h| (h.dist, h.node)).collect();
+                let cpu: Vec<(f32, u32)> = search(&ix, Metric::L2, q, k, ef).iter().map(|h| (h.dist, h.node)).collect();
                 let (sim, _) = simulate(&ix, q, k, &one, qi as u64);
                 // same nodes; distances up to the summation order
                 let ids = |v: &[(f32, u32)]| v.iter().map(|x| x.1).collect::<Vec<_>>();
@@ -258,19 +229,10 @@ mod tests {
         let base = data(n, dim, 5);
         let params = BuildParams { degree: 12, ..BuildParams::default() };
         let g = rnn_descent::build(&base, dim, &params, &mut |_: usize, _: usize| true).unwrap();
-        let mut flags = vec![0u8; n];
-        for f in flags.iter_mut().step_by(3) {
-            *f = FLAG_DELETED;
+        let mut ix = FlatIndex::new(Metric::L2, dim, base.clone(), g);
+        for f in ix.flags.iter_mut().step_by(3) {
+            *f = node::DELETED;
         }
-        let ix = SimIndex {
-            vectors: &base,
-            dim,
-            adjacency: &g.adjacency,
-            degree: g.degree,
-            entry: g.entry.unwrap(),
-            flags: &flags,
-            inner_product: false,
-        };
         for qi in 0..20 {
             let q = &base[qi * dim..(qi + 1) * dim];
             let (r, _) = simulate(&ix, q, k, &SearchPolicy::default().plan(k, 40, 4), qi as u64);

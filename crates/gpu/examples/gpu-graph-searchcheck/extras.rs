@@ -1,0 +1,202 @@
+//! The server beyond the plain search: the inner-product index, two indexes
+//! at once, deletes, Busy, abandoned tickets, unload and bad arguments.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use gpu_graph_engine::metric::Metric;
+use gpu_graph_engine::node;
+use gpu_graph_engine::recall::mean_recall;
+use gpu_graph_gpu::search::{ResidentId, SearchError, SearchServer};
+
+use crate::common::{cpu_recall, Data, Verdict, K};
+use crate::{check_answer, Indexes, WAIT};
+
+pub fn run(
+    server: &SearchServer,
+    (id, ip_id): (ResidentId, ResidentId),
+    ix: &Indexes,
+    data: &Data,
+    efs: &[usize],
+    v: &mut Verdict,
+) {
+    let ef = *efs.iter().max().unwrap_or(&64);
+    inner_product(server, ip_id, ix, data, ef, v);
+    two_at_once(server, (id, ip_id), ix, v);
+    deletes(server, id, ix, data, v);
+    busy_and_abandoned(server, id, ix, v);
+    unload_and_bad_arguments(server, (id, ip_id), ix, v);
+}
+
+/// The inner-product index against the CPU on the same graph.
+fn inner_product(server: &SearchServer, ip_id: ResidentId, ix: &Indexes, data: &Data, ef: usize, v: &mut Verdict) {
+    let (cr, _) = cpu_recall(&ix.ip, Metric::InnerProduct, &data.queries, &ix.ip_truth, ef);
+    let (mut found, mut bad) = (Vec::new(), None);
+    for (qi, q) in ix.ip_queries.iter().enumerate() {
+        match server.submit(ip_id, q, K, ef).and_then(|mut t| server.wait(&mut t, WAIT)) {
+            Ok(a) => {
+                if let Some(e) = check_answer(&a.hits, &ix.ip, K, q, None) {
+                    bad.get_or_insert(format!("query {qi}: {e}"));
+                }
+                found.push(a.hits.iter().map(|x| Metric::InnerProduct.to_sql(x.0)).collect::<Vec<_>>());
+            }
+            Err(e) => {
+                bad.get_or_insert(format!("query {qi}: {e}"));
+                found.push(Vec::new());
+            }
+        }
+    }
+    let r = mean_recall(&found, &ix.ip_truth, K);
+    let half = server.resident_info(ip_id).is_some_and(|i| i.half);
+    v.check(
+        bad.is_none() && r >= cr - 0.01,
+        format!(
+            "inner product index ({} rows, fp16 {half}): recall@10 {r:.4} at ef {ef} (cpu {cr:.4}){}",
+            ix.ip.len(),
+            bad.map(|b| format!("; {b}")).unwrap_or_default()
+        ),
+    );
+}
+
+/// Both indexes at once, 32 threads, every answer checked.
+fn two_at_once(server: &SearchServer, (id, ip_id): (ResidentId, ResidentId), ix: &Indexes, v: &mut Verdict) {
+    let (errs, cnt) = (AtomicUsize::new(0), AtomicUsize::new(0));
+    let t = Instant::now();
+    std::thread::scope(|s| {
+        for th in 0..32 {
+            let (errs, cnt) = (&errs, &cnt);
+            s.spawn(move || {
+                for i in 0..200 {
+                    let qi = (th * 200 + i) % ix.l2_queries.len();
+                    let (rid, q, index) = if (th + i) % 2 == 0 {
+                        (id, &ix.l2_queries[qi], &ix.l2)
+                    } else {
+                        (ip_id, &ix.ip_queries[qi], &ix.ip)
+                    };
+                    match server.submit(rid, q, K, 40).and_then(|mut t| server.wait(&mut t, WAIT)) {
+                        Ok(a) if check_answer(&a.hits, index, K, q, None).is_none() => {
+                            cnt.fetch_add(1, Ordering::Relaxed)
+                        }
+                        _ => errs.fetch_add(1, Ordering::Relaxed),
+                    };
+                }
+            });
+        }
+    });
+    let (c, e) = (cnt.load(Ordering::Relaxed), errs.load(Ordering::Relaxed));
+    let qps = c as f64 / t.elapsed().as_secs_f64();
+    v.check(e == 0, format!("two indexes at once: {c} answers checked, {e} bad, {qps:.0} queries/s"));
+}
+
+/// The 3 nearest of the first 200 queries and every 20th node deleted:
+/// never returned once update_flags returned.
+fn deletes(server: &SearchServer, id: ResidentId, ix: &Indexes, data: &Data, v: &mut Verdict) {
+    let n = ix.l2.len();
+    let mut del = vec![false; n];
+    for t in data.truth.iter().take(200) {
+        for &(x, _) in t.iter().take(3) {
+            del[x as usize] = true;
+        }
+    }
+    for x in (0..n).step_by(20) {
+        del[x] = true;
+    }
+    let t = Instant::now();
+    // one by one for the first 100, the rest in one batch
+    let flagged: Vec<u32> = (0..n as u32).filter(|&x| del[x as usize]).collect();
+    let mut ok = flagged.iter().take(100).all(|&x| server.update_flags(id, x, node::DELETED).is_ok());
+    let rest: Vec<(u32, u8)> = flagged.iter().skip(100).map(|&x| (x, node::DELETED)).collect();
+    ok &= server.update_flags_batch(id, &rest).is_ok();
+    let upd_ms = t.elapsed().as_secs_f64() * 1e3;
+    let mut bad = None;
+    for (qi, q) in ix.l2_queries.iter().enumerate().take(200) {
+        match server.submit(id, q, K, 64).and_then(|mut t| server.wait(&mut t, WAIT)) {
+            Ok(a) if a.hits.len() != K => {
+                bad.get_or_insert(format!("query {qi}: {} hits", a.hits.len()));
+            }
+            Ok(a) => {
+                if let Some(e) = check_answer(&a.hits, &ix.l2, K, q, Some(&del)) {
+                    bad.get_or_insert(format!("query {qi}: {e}"));
+                }
+            }
+            Err(e) => {
+                bad.get_or_insert(format!("query {qi}: {e}"));
+            }
+        }
+    }
+    let undo: Vec<(u32, u8)> = flagged.iter().map(|&x| (x, node::LIVE)).collect();
+    ok &= server.update_flags_batch(id, &undo).is_ok();
+    v.check(
+        ok && bad.is_none(),
+        format!(
+            "deletes: {} nodes flagged ({upd_ms:.0} ms), 200 queries never returned one{}",
+            flagged.len(),
+            bad.map(|b| format!("; {b}")).unwrap_or_default()
+        ),
+    );
+}
+
+/// Every slot held: the next submit is Busy; dropped tickets come back.
+fn busy_and_abandoned(server: &SearchServer, id: ResidentId, ix: &Indexes, v: &mut Verdict) {
+    let slots = server.info().slots;
+    let q = &ix.l2_queries;
+    let (mut held, mut first_err) = (Vec::new(), None);
+    for _ in 0..slots {
+        match server.submit(id, &q[0], K, 20) {
+            Ok(t) => held.push(t),
+            Err(e) => {
+                first_err.get_or_insert(e);
+            }
+        }
+    }
+    let busy = server.submit(id, &q[0], K, 20);
+    let answered = held.iter_mut().map(|t| server.wait(t, WAIT)).filter(Result::is_ok).count();
+    v.check(
+        first_err.is_none() && matches!(busy, Err(SearchError::Busy)) && answered == slots,
+        format!(
+            "all {slots} slots held: next submit {:?}; {answered} answered{}",
+            busy.err(),
+            first_err.map(|e| format!("; {e}")).unwrap_or_default()
+        ),
+    );
+    drop(held);
+    for i in 0..3 * slots {
+        match server.submit(id, &q[i % q.len()], K, 40) {
+            Ok(t) => drop(t),
+            Err(SearchError::Busy) => std::thread::sleep(Duration::from_micros(50)),
+            Err(e) => {
+                v.check(false, format!("abandon: {e}"));
+                break;
+            }
+        }
+    }
+    std::thread::sleep(Duration::from_millis(20));
+    server.reclaim();
+    let mut held: Vec<_> = (0..slots).filter_map(|_| server.submit(id, &q[1], K, 20).ok()).collect();
+    let got = held.len();
+    for t in held.iter_mut() {
+        let _ = server.wait(t, WAIT);
+    }
+    v.check(got == slots, format!("abandoned tickets: {got} of {slots} slots free again afterwards"));
+}
+
+fn unload_and_bad_arguments(
+    server: &SearchServer,
+    (id, ip_id): (ResidentId, ResidentId),
+    ix: &Indexes,
+    v: &mut Verdict,
+) {
+    let b = server.resident_info(ip_id).map_or(0, |i| i.bytes);
+    let r = server.unload(ip_id);
+    let after = server.submit(ip_id, &ix.ip_queries[0], K, 20);
+    v.check(
+        r.is_ok() && server.resident_info(ip_id).is_none() && matches!(after, Err(SearchError::Invalid(_))),
+        format!("unload: {r:?} ({} MiB), a query on it then: {:?}", b >> 20, after.err()),
+    );
+    let r1 = server.submit(id, &ix.l2_queries[0][..5], K, 20);
+    let r2 = server.submit(id, &ix.l2_queries[0], 100_000, 20);
+    v.check(
+        matches!(r1, Err(SearchError::Invalid(_))) && matches!(r2, Err(SearchError::Invalid(_))),
+        format!("bad arguments refused: {:?} / {:?}", r1.err(), r2.err()),
+    );
+}

@@ -1,0 +1,192 @@
+//! Throughput: `threads` submitters, each submit -> wait in a loop for
+//! `secs` (and at least until every query was answered once); queries/s,
+//! p50/p99 latency (submit to answer) and recall@10.
+
+use std::process::exit;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Instant;
+
+use gpu_graph_engine::metric::Metric;
+use gpu_graph_engine::recall::mean_recall;
+use gpu_graph_gpu::search::{QueryPlan, ResidentId, SearchError, SearchServer};
+use parking_lot::Mutex;
+
+use crate::common::{Data, Verdict, K};
+use crate::{Indexes, Pol, WAIT};
+
+/// What one run measured.
+struct Run {
+    qps: f64,
+    p50_us: f64,
+    p99_us: f64,
+    recall: f64,
+    errors: usize,
+    first_error: Option<String>,
+    answered: usize,
+    computed: f64,
+    expanded: f64,
+    capped: usize,
+}
+
+/// What every submitter adds up.
+#[derive(Default)]
+struct Tally {
+    latencies_ns: Vec<u64>,
+    first: Vec<(usize, Vec<f64>)>,
+    computed: u64,
+    expanded: u64,
+    capped: usize,
+    errors: usize,
+    first_error: Option<String>,
+}
+
+fn percentile_us(v: &mut [u64], p: f64) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_unstable();
+    v[((v.len() as f64 - 1.0) * p).round() as usize] as f64 / 1e3
+}
+
+pub struct Runs<'a> {
+    pub server: &'a SearchServer,
+    pub id: ResidentId,
+    pub ix: &'a Indexes,
+    pub data: &'a Data,
+    pub efs: &'a [usize],
+    pub cpu: &'a [f64],
+    pub secs: f64,
+}
+
+impl Runs<'_> {
+    /// One submitter's loop; its tally.
+    fn submitter(&self, plan: &QueryPlan, next: &AtomicUsize, stop: &AtomicBool, t0: Instant) -> Tally {
+        let nq = self.ix.l2_queries.len();
+        let mut t = Tally::default();
+        loop {
+            let i = next.fetch_add(1, Ordering::Relaxed);
+            if i >= nq && stop.load(Ordering::Relaxed) {
+                break;
+            }
+            let start = Instant::now();
+            let r = self.server.submit_plan(self.id, &self.ix.l2_queries[i % nq], K, plan);
+            match r.and_then(|mut tk| self.server.wait(&mut tk, WAIT)) {
+                Ok(a) => {
+                    t.latencies_ns.push(start.elapsed().as_nanos() as u64);
+                    (t.computed, t.expanded) = (t.computed + a.computed as u64, t.expanded + a.expanded as u64);
+                    t.capped += (a.capped > 0) as usize;
+                    if i < nq {
+                        t.first.push((i, a.hits.iter().map(|h| Metric::L2.to_sql(h.0)).collect()));
+                    }
+                }
+                Err(e) => {
+                    t.errors += 1;
+                    t.first_error.get_or_insert_with(|| e.to_string());
+                    if matches!(e, SearchError::Poisoned(_) | SearchError::Closed) {
+                        stop.store(true, Ordering::Relaxed);
+                        break;
+                    }
+                }
+            }
+            if t0.elapsed().as_secs_f64() >= self.secs {
+                stop.store(true, Ordering::Relaxed);
+            }
+        }
+        t
+    }
+
+    fn run(&self, plan: &QueryPlan, threads: usize) -> Run {
+        let nq = self.ix.l2_queries.len();
+        let (next, stop) = (AtomicUsize::new(0), AtomicBool::new(false));
+        let all = Mutex::new(Tally::default());
+        let t0 = Instant::now();
+        std::thread::scope(|s| {
+            for _ in 0..threads {
+                s.spawn(|| {
+                    let t = self.submitter(plan, &next, &stop, t0);
+                    let mut a = all.lock();
+                    a.latencies_ns.extend(t.latencies_ns);
+                    a.first.extend(t.first);
+                    (a.computed, a.expanded, a.capped, a.errors) =
+                        (a.computed + t.computed, a.expanded + t.expanded, a.capped + t.capped, a.errors + t.errors);
+                    if a.first_error.is_none() {
+                        a.first_error = t.first_error;
+                    }
+                });
+            }
+        });
+        let el = t0.elapsed().as_secs_f64();
+        let mut a = all.into_inner();
+        let mut found = vec![Vec::new(); nq];
+        for (qi, d) in a.first.drain(..) {
+            found[qi] = d;
+        }
+        let answered = a.latencies_ns.len();
+        Run {
+            qps: answered as f64 / el,
+            p50_us: percentile_us(&mut a.latencies_ns, 0.5),
+            p99_us: percentile_us(&mut a.latencies_ns, 0.99),
+            recall: mean_recall(&found, &self.data.truth, K),
+            errors: a.errors,
+            first_error: a.first_error,
+            answered,
+            computed: a.computed as f64 / answered.max(1) as f64,
+            expanded: a.expanded as f64 / answered.max(1) as f64,
+            capped: a.capped,
+        }
+    }
+
+    /// The default policy at every thread count and ef, then each variant
+    /// at `variant_threads`; only the default's recall gaps fail.
+    pub fn all(
+        &self,
+        pol: Pol,
+        threads: &[usize],
+        variants: &[String],
+        variant_threads: &[usize],
+        verdict: &mut Verdict,
+    ) {
+        println!("throughput ({} s per run, k {K}; latency = submit to answer):", self.secs);
+        let mut pols = vec![("default".to_string(), pol)];
+        pols.extend(variants.iter().map(|v| (v.clone(), pol.with(v))));
+        let slot_ctas = self.server.info().ctas_per_slot;
+        for (label, p) in &pols {
+            let ctas = if p.ctas == 0 { slot_ctas } else { p.ctas.min(slot_ctas) };
+            let ths = if label == "default" { threads } else { variant_threads };
+            for &th in ths {
+                for (ei, &ef) in self.efs.iter().enumerate() {
+                    let plan = p.policy.plan(K, ef, ctas);
+                    let r = self.run(&plan, th);
+                    let ok = r.errors == 0 && r.recall >= self.cpu[ei] - 0.01;
+                    let line = format!(
+                        "{label:<10} threads {th:>3} ef {ef:>4} plan {}x{:<3}: {:>8.0} queries/s  p50 {:>7.1} us  p99 {:>7.1} us  recall@10 {:.4} (cpu {:.4})  {:.0} dist/q {:.0} exp/q, capped {}{}",
+                        plan.ctas,
+                        plan.list,
+                        r.qps,
+                        r.p50_us,
+                        r.p99_us,
+                        r.recall,
+                        self.cpu[ei],
+                        r.computed,
+                        r.expanded,
+                        r.capped,
+                        if r.errors > 0 {
+                            format!("; {} errors of {}, first: {}", r.errors, r.answered + r.errors, r.first_error.unwrap_or_default())
+                        } else {
+                            String::new()
+                        }
+                    );
+                    if label == "default" {
+                        verdict.check(ok, line);
+                    } else {
+                        println!("{} {line}", if ok { "ok  " } else { "FAIL" });
+                    }
+                    if r.errors > 0 {
+                        println!("RESULT: FAIL (errors during a throughput run)");
+                        exit(1);
+                    }
+                }
+            }
+        }
+    }
+}

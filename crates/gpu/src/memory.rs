@@ -1,0 +1,94 @@
+//! Memory behind RAII types, so each allocation is freed in one place.
+//!
+//! Device memory is cudarc's `CudaSlice` (freed on drop, on the stream it was
+//! allocated on), allocated through [`zeroed`]. Page-locked host memory is
+//! [`Pinned`]: cudarc's own pinned slice synchronises on an event at every
+//! access and cannot be mapped into the device's address space, both wrong
+//! for the search server, whose host threads and kernel share such memory
+//! through a lock-free protocol.
+
+use std::ffi::c_void;
+use std::sync::Arc;
+
+use cudarc::driver::sys;
+use cudarc::driver::{result, CudaContext, CudaSlice, CudaStream, DevicePtr, DeviceRepr, ValidAsZeroBits};
+
+use crate::error::{cuda, GpuError};
+
+/// `len` zeroed elements on `stream`'s device.
+pub fn zeroed<T: DeviceRepr + ValidAsZeroBits>(
+    stream: &Arc<CudaStream>,
+    len: usize,
+    what: &str,
+) -> Result<CudaSlice<T>, GpuError> {
+    stream.alloc_zeros(len.max(1)).map_err(|e| cuda(&format!("allocating {what}"), e))
+}
+
+/// The device address of a slice (for a kernel parameter or a copy at an
+/// offset). Event tracking is off in every context of this crate, so taking
+/// the address records nothing.
+pub fn device_addr<T>(s: &CudaSlice<T>) -> u64 {
+    s.device_ptr(s.stream()).0
+}
+
+/// Page-locked host memory, zeroed, optionally mapped into the device's
+/// address space (the kernel then reads and writes it over the bus).
+pub struct Pinned {
+    ctx: Arc<CudaContext>,
+    ptr: *mut u8,
+    len: usize,
+    device: u64,
+}
+
+// SAFETY: the pointer is owned by this value; who may touch which bytes when
+// is the business of the protocol built on it (slot ownership, finish words).
+unsafe impl Send for Pinned {}
+// SAFETY: as above: `&Pinned` only hands out raw pointers.
+unsafe impl Sync for Pinned {}
+
+impl Pinned {
+    pub fn new(ctx: &Arc<CudaContext>, len: usize, mapped: bool, what: &str) -> Result<Pinned, GpuError> {
+        let len = len.max(4);
+        let flags = sys::CU_MEMHOSTALLOC_PORTABLE | if mapped { sys::CU_MEMHOSTALLOC_DEVICEMAP } else { 0 };
+        ctx.bind_to_thread().map_err(|e| cuda("binding the context", e))?;
+        // SAFETY: a plain allocation; the pointer is checked and zeroed below.
+        let ptr =
+            unsafe { result::malloc_host(len, flags) }.map_err(|e| cuda(&format!("pinning {what}"), e))? as *mut u8;
+        let mut p = Pinned { ctx: ctx.clone(), ptr, len, device: 0 };
+        // SAFETY: `len` bytes were just allocated at `ptr`.
+        unsafe { std::ptr::write_bytes(ptr, 0, len) };
+        if mapped {
+            let mut d: sys::CUdeviceptr = 0;
+            // SAFETY: `ptr` is a live DEVICEMAP allocation; cudarc has no
+            // wrapper for this call.
+            let r = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut d, ptr as *mut c_void, 0) };
+            r.result().map_err(|e| cuda(&format!("mapping {what}"), e))?;
+            p.device = d;
+        }
+        Ok(p)
+    }
+
+    pub fn ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    /// The device's address of a mapped allocation (0 when not mapped).
+    pub fn device_addr(&self) -> u64 {
+        self.device
+    }
+}
+
+impl Drop for Pinned {
+    fn drop(&mut self) {
+        let _ = self.ctx.bind_to_thread();
+        // SAFETY: allocated by malloc_host in `new`, freed once; nothing
+        // reads it any more (the owner drops it after the kernel stopped, or
+        // leaks it when the kernel would not stop).
+        let _ = unsafe { result::free_host(self.ptr as *mut c_void) };
+    }
+}

@@ -1,0 +1,396 @@
+//! The resident indexes: their device copies and the table of descriptors
+//! (abi.h's IndexDesc) the kernel reads, loaded, flagged and unloaded while
+//! queries run.
+
+use std::mem::size_of;
+use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cudarc::driver::{result, CudaSlice, CudaStream};
+use gpu_graph_engine::flat::FlatIndex;
+use gpu_graph_engine::metric::Metric;
+use gpu_graph_engine::node;
+use parking_lot::{Mutex, RwLock};
+use rayon::prelude::*;
+
+use super::plan::Sizing;
+use super::server::SearchError;
+use crate::abi::{self, IndexDesc};
+use crate::error::{cuda, GpuError};
+use crate::memory::{device_addr, zeroed};
+
+/// A resident index, named by every query against it. Stale after unload.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ResidentId {
+    table: u32,
+    gen: u32,
+}
+
+/// What a resident index occupies.
+#[derive(Clone, Copy, Debug)]
+pub struct ResidentInfo {
+    pub n: usize,
+    pub stored_dim: usize,
+    pub degree: usize,
+    /// vectors kept as fp16 (exact)
+    pub half: bool,
+    /// device bytes (vectors, adjacency, flags)
+    pub bytes: usize,
+}
+
+/// Row format of an index on the device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct RowFormat {
+    pub half: bool,
+    /// 16-byte chunks per row
+    pub chunks: usize,
+    /// floats of the query the kernel reads (chunks * 4 or * 8)
+    pub qwords: usize,
+    /// lanes per distance
+    pub lanes: u32,
+}
+
+impl RowFormat {
+    pub fn new(dim: usize, half: bool) -> RowFormat {
+        let per = if half { 8 } else { 4 };
+        let chunks = dim.div_ceil(per);
+        // each lane issues up to DIST_UNROLL loads per vector: G = the
+        // smallest power of two with chunks <= DIST_UNROLL * G
+        let lanes = chunks.div_ceil(abi::DIST_UNROLL as usize).next_power_of_two().clamp(1, 32) as u32;
+        RowFormat { half, chunks, qwords: chunks * per, lanes }
+    }
+    pub fn row_bytes(&self) -> usize {
+        self.chunks * 16
+    }
+}
+
+/// `x` as IEEE half when that loses nothing.
+fn f16_exact(x: f32) -> Option<half::f16> {
+    let h = half::f16::from_f32(x);
+    (x.is_finite() && h.to_f32().to_bits() == x.to_bits()).then_some(h)
+}
+
+pub(crate) struct Resident {
+    pub table: u32,
+    pub gen: u32,
+    pub n: usize,
+    pub dim: usize,
+    pub degree: usize,
+    pub ip: bool,
+    pub fmt: RowFormat,
+    pub bytes: usize,
+    /// The host's copy of the node flags: answers are filtered by it, so a
+    /// node is never returned once `update_flags` returned.
+    pub flags: Vec<AtomicU8>,
+    // the device copy, freed when the last Arc goes (after unload)
+    _vectors: CudaSlice<u8>,
+    _adjacency: CudaSlice<u32>,
+    d_flags: CudaSlice<u8>,
+}
+
+impl Resident {
+    pub fn info(&self) -> ResidentInfo {
+        ResidentInfo { n: self.n, stored_dim: self.dim, degree: self.degree, half: self.fmt.half, bytes: self.bytes }
+    }
+    /// Whether `node` may be returned now.
+    pub fn is_result(&self, node: u32) -> bool {
+        (node as usize) < self.n && node::is_result(self.flags[node as usize].load(Ordering::Relaxed))
+    }
+}
+
+enum Entry {
+    Free,
+    /// being loaded or unloaded: not usable, not reusable
+    Busy,
+    Ready(Arc<Resident>),
+}
+
+pub(crate) struct Registry {
+    entries: RwLock<Vec<Entry>>,
+    table: CudaSlice<u8>,
+    /// Loads, unloads and flag updates, one at a time.
+    mgmt: Mutex<Arc<CudaStream>>,
+    next_gen: AtomicU32,
+    half_when_exact: bool,
+    max_dim: usize,
+    max_qwords: usize,
+}
+
+impl Registry {
+    pub fn new(z: &Sizing, max_dim: usize, half_when_exact: bool, mgmt: Arc<CudaStream>) -> Result<Registry, GpuError> {
+        let table = zeroed(&mgmt, z.max_indexes * size_of::<IndexDesc>(), "the index table")?;
+        Ok(Registry {
+            entries: RwLock::new((0..z.max_indexes).map(|_| Entry::Free).collect()),
+            table,
+            mgmt: Mutex::new(mgmt),
+            next_gen: AtomicU32::new(1),
+            half_when_exact,
+            max_dim,
+            max_qwords: z.max_qwords,
+        })
+    }
+
+    /// Device address of the descriptor table (a kernel parameter).
+    pub fn table_addr(&self) -> u64 {
+        device_addr(&self.table)
+    }
+
+    pub fn resident(&self, id: ResidentId) -> Result<Arc<Resident>, SearchError> {
+        match self.entries.read().get(id.table as usize) {
+            Some(Entry::Ready(r)) if r.gen == id.gen => Ok(r.clone()),
+            _ => Err(SearchError::Invalid(format!("index {id:?} is not resident"))),
+        }
+    }
+
+    pub fn load(&self, index: &FlatIndex) -> Result<ResidentId, SearchError> {
+        let n = self.check(index)?;
+        let half = self.half_when_exact && index.vectors.par_iter().all(|x| f16_exact(*x).is_some());
+        let fmt = RowFormat::new(index.stored_dim, half);
+        if fmt.qwords > self.max_qwords {
+            return Err(SearchError::Invalid(format!("stored dimension {} too large", index.stored_dim)));
+        }
+        let rows = encode_rows(&index.vectors, index.stored_dim, &fmt);
+        let table = {
+            let mut e = self.entries.write();
+            let Some(i) = e.iter().position(|e| matches!(e, Entry::Free)) else {
+                return Err(SearchError::Invalid(format!("{} indexes already resident", e.len())));
+            };
+            e[i] = Entry::Busy;
+            i
+        };
+        let r = self.upload(table, index, n, fmt, &rows);
+        let mut e = self.entries.write();
+        match r {
+            Ok(res) => {
+                let id = ResidentId { table: res.table, gen: res.gen };
+                e[table] = Entry::Ready(Arc::new(res));
+                Ok(id)
+            }
+            Err(err) => {
+                e[table] = Entry::Free;
+                Err(err.into())
+            }
+        }
+    }
+
+    /// The node count of a valid index.
+    fn check(&self, ix: &FlatIndex) -> Result<usize, SearchError> {
+        let bad = |s: String| Err(SearchError::Invalid(s));
+        let (dim, n, degree) = (ix.stored_dim, ix.len(), ix.graph.degree);
+        if dim == 0 || dim > self.max_dim {
+            return bad(format!("stored dimension {dim} (the server takes 1 to {})", self.max_dim));
+        }
+        if n == 0 || n >= (1usize << 31) || ix.vectors.len() != n * dim {
+            return bad(format!("{n} rows of {} values (1 to 2^31 - 1 rows of {dim})", ix.vectors.len()));
+        }
+        if degree == 0 || degree > abi::CAND_CAP as usize || ix.graph.adjacency.len() != n * degree {
+            return bad(format!(
+                "adjacency of {} ids for {n} rows of degree {degree} (degree 1 to {})",
+                ix.graph.adjacency.len(),
+                abi::CAND_CAP
+            ));
+        }
+        match ix.graph.entry {
+            Some(e) if (e as usize) < n => {}
+            e => return bad(format!("entry point {e:?} of {n} rows")),
+        }
+        if ix.metric == Metric::InnerProduct && dim < 2 {
+            return bad("inner product needs the extra stored coordinate".into());
+        }
+        Ok(n)
+    }
+
+    fn upload(
+        &self,
+        table: usize,
+        ix: &FlatIndex,
+        n: usize,
+        fmt: RowFormat,
+        rows: &[u8],
+    ) -> Result<Resident, GpuError> {
+        let mgmt = self.mgmt.lock();
+        let bytes = rows.len() + ix.graph.adjacency.len() * 4 + n;
+        let (free, _) = mgmt.context().mem_get_info().map_err(|e| cuda("cuMemGetInfo", e))?;
+        if bytes + (256 << 20) > free {
+            return Err(GpuError::OutOfMemory { needed: bytes, free, what: "a resident index".into() });
+        }
+        let up = |what: &str, e| cuda(&format!("uploading {what}"), e);
+        let vectors = mgmt.clone_htod(rows).map_err(|e| up("the vectors", e))?;
+        let adjacency = mgmt.clone_htod(&ix.graph.adjacency).map_err(|e| up("the graph", e))?;
+        let d_flags = mgmt.clone_htod(&ix.flags).map_err(|e| up("the flags", e))?;
+        let gen = self.next_gen.fetch_add(1, Ordering::Relaxed).max(1);
+        let desc = IndexDesc {
+            vectors: device_addr(&vectors),
+            adjacency: device_addr(&adjacency),
+            flags: device_addr(&d_flags),
+            n: n as u32,
+            degree: ix.graph.degree as u32,
+            entry: ix.graph.entry.unwrap_or(0),
+            chunks: fmt.chunks as u32,
+            half: fmt.half as u32,
+            metric: if ix.metric == Metric::InnerProduct { abi::METRIC_IP } else { abi::METRIC_L2 },
+            lanes: fmt.lanes,
+            gen,
+            ..IndexDesc::default()
+        };
+        self.write_desc(&mgmt, table, &desc)?;
+        Ok(Resident {
+            table: table as u32,
+            gen,
+            n,
+            dim: ix.stored_dim,
+            degree: ix.graph.degree,
+            ip: ix.metric == Metric::InnerProduct,
+            fmt,
+            bytes,
+            flags: ix.flags.iter().map(|&f| AtomicU8::new(f)).collect(),
+            _vectors: vectors,
+            _adjacency: adjacency,
+            d_flags,
+        })
+    }
+
+    /// Writes entry `table` of the descriptor table and waits for it.
+    fn write_desc(&self, mgmt: &Arc<CudaStream>, table: usize, desc: &IndexDesc) -> Result<(), GpuError> {
+        let at = self.table_addr() + (table * size_of::<IndexDesc>()) as u64;
+        // SAFETY: `at` lies inside the table (table < max_indexes); the
+        // source is pageable, so the copy has left it when the call returns.
+        unsafe { result::memcpy_htod_async(at, std::slice::from_ref(desc), mgmt.cu_stream()) }
+            .map_err(|e| cuda("writing the index table", e))?;
+        mgmt.synchronize().map_err(|e| cuda("writing the index table", e))
+    }
+
+    /// Removes an index once no query holds it (`in_flight` is told to let
+    /// go of abandoned slots while it waits, up to 10 s).
+    pub fn unload(&self, id: ResidentId, mut in_flight: impl FnMut() -> bool) -> Result<(), SearchError> {
+        let res = {
+            let mut e = self.entries.write();
+            match e.get(id.table as usize) {
+                Some(Entry::Ready(r)) if r.gen == id.gen => {
+                    let r = r.clone();
+                    e[id.table as usize] = Entry::Busy;
+                    r
+                }
+                _ => return Err(SearchError::Invalid(format!("index {id:?} is not resident"))),
+            }
+        };
+        // each busy slot holds a reference
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Arc::strong_count(&res) > 1 && in_flight() {
+            if Instant::now() > deadline {
+                // still in use: keep its memory (and its table entry) alive
+                return Err(SearchError::Gpu(GpuError::Cuda(
+                    "unload: queries on the index did not finish in 10 s".into(),
+                )));
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        let r = self.write_desc(&self.mgmt.lock(), id.table as usize, &IndexDesc::default());
+        // the device copy is freed on the management stream, after the clear
+        drop(res);
+        self.entries.write()[id.table as usize] = Entry::Free;
+        r.map_err(SearchError::from)
+    }
+
+    /// Sets node flags: the host copy first (answers merged from now on
+    /// drop the node even if a query in flight still returns it), then the
+    /// device's, one byte or the whole array in one copy.
+    pub fn update_flags(&self, id: ResidentId, changes: &[(u32, u8)]) -> Result<(), SearchError> {
+        let res = self.resident(id)?;
+        if let Some(&(v, _)) = changes.iter().find(|c| c.0 as usize >= res.n) {
+            return Err(SearchError::Invalid(format!("node {v} of {}", res.n)));
+        }
+        for &(v, f) in changes {
+            res.flags[v as usize].store(f, Ordering::Relaxed);
+        }
+        let (at, bytes): (u64, Vec<u8>) = match changes {
+            [(v, f)] => (device_addr(&res.d_flags) + *v as u64, vec![*f]),
+            _ => (device_addr(&res.d_flags), res.flags.iter().map(|f| f.load(Ordering::Relaxed)).collect()),
+        };
+        let mgmt = self.mgmt.lock();
+        // SAFETY: `at..at + bytes.len()` lies inside the index's flag array;
+        // the source is pageable (copied out when the call returns).
+        unsafe { result::memcpy_htod_async(at, &bytes, mgmt.cu_stream()) }
+            .and_then(|_| mgmt.synchronize())
+            .map_err(|e| SearchError::from(cuda("updating flags", e)))
+    }
+
+    /// Forgets every index (the kernel has exited): their memory is freed.
+    pub fn clear(&self) {
+        for e in self.entries.write().iter_mut() {
+            *e = Entry::Free;
+        }
+        let _ = self.mgmt.lock().synchronize();
+    }
+
+    /// The management stream, for the server's own one-off copies.
+    pub fn mgmt(&self) -> parking_lot::MutexGuard<'_, Arc<CudaStream>> {
+        self.mgmt.lock()
+    }
+}
+
+/// The device rows: fp16 when exact, else fp32, zero-padded to 16 bytes.
+fn encode_rows(vectors: &[f32], dim: usize, fmt: &RowFormat) -> Vec<u8> {
+    let rb = fmt.row_bytes();
+    let mut rows = vec![0u8; vectors.len() / dim * rb];
+    rows.par_chunks_mut(rb).zip(vectors.par_chunks(dim)).for_each(|(o, v)| {
+        if fmt.half {
+            for (i, x) in v.iter().enumerate() {
+                let h = f16_exact(*x).unwrap_or_default();
+                o[2 * i..2 * i + 2].copy_from_slice(&h.to_le_bytes());
+            }
+        } else {
+            for (i, x) in v.iter().enumerate() {
+                o[4 * i..4 * i + 4].copy_from_slice(&x.to_le_bytes());
+            }
+        }
+    });
+    rows
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn f16_exact_roundtrips() {
+        for v in [
+            0.0f32,
+            -0.0,
+            1.0,
+            -1.0,
+            255.0,
+            0.5,
+            65504.0,
+            -(2.0f32.powi(-14)),
+            2.0f32.powi(-24),
+            3.0 * 2.0f32.powi(-20),
+        ] {
+            let h = f16_exact(v).unwrap_or_else(|| panic!("{v} should convert"));
+            assert_eq!(h.to_f32().to_bits(), v.to_bits(), "{v}");
+        }
+        for v in [0.1f32, 65505.0, 1e6, 2.0f32.powi(-25), 1.0 + 2.0f32.powi(-11), f32::NAN, f32::INFINITY] {
+            assert!(f16_exact(v).is_none(), "{v} is not exact in half");
+        }
+    }
+
+    #[test]
+    fn row_formats() {
+        let r = RowFormat::new(128, true);
+        assert_eq!((r.chunks, r.qwords, r.lanes), (16, 128, 1));
+        let r = RowFormat::new(128, false);
+        assert_eq!((r.chunks, r.qwords, r.lanes), (32, 128, 2));
+        let r = RowFormat::new(129, false);
+        assert_eq!((r.chunks, r.qwords, r.lanes), (33, 132, 4));
+        let r = RowFormat::new(3, false);
+        assert_eq!((r.chunks, r.qwords, r.lanes), (1, 4, 1));
+        let r = RowFormat::new(2000, false);
+        assert_eq!((r.chunks, r.lanes), (500, 32));
+        let r = RowFormat::new(768, false);
+        assert_eq!((r.chunks, r.lanes), (192, 16));
+        let rows = encode_rows(&[1.0, 2.0, 3.0], 3, &RowFormat::new(3, false));
+        assert_eq!(rows.len(), 16);
+        assert_eq!(&rows[4..8], &2.0f32.to_le_bytes());
+    }
+}

@@ -1,0 +1,385 @@
+//! The slot protocol, host side (the kernel's side is described at the top
+//! of kernels/search_persistent.cu):
+//!
+//! * Submit: the request (abi.h's RequestHead, then the query) is written to
+//!   the slot's pinned staging buffer, copied to the slot's device buffer,
+//!   then cuStreamWriteValue32 on the same (per-group) stream sets the
+//!   slot's device word to `seq << 5 | (ctas - 1)`. Stream order puts the
+//!   request in device memory before the word changes. The kernel polls only
+//!   that device-local word.
+//! * Answer: each CTA writes its ResultHead and hits to mapped pinned host
+//!   memory, fences at system scope and arrives on a device counter; the last
+//!   one writes the slot's finish word (host memory) with the same value. The
+//!   host polls only that host-local word.
+//! * Sequence numbers instead of None/Work/Finish/Done values: no word is
+//!   ever reset, so the host and the GPU never race on one; Done is the
+//!   host's own bookkeeping (the slot back in its group's free list).
+//! * The most recently freed slot of a group is handed out first (LIFO), so
+//!   busy slots stay hot; each host thread prefers its own group.
+
+use std::cell::Cell;
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use cudarc::driver::sys::{self, CUresult};
+use cudarc::driver::{result, CudaContext, CudaSlice, CudaStream};
+use parking_lot::{Mutex, MutexGuard};
+
+use super::launch::err_name;
+use super::merge::merge_lists;
+use super::plan::{QueryPlan, Sizing, FINISH_STRIDE_WORDS};
+use super::registry::Resident;
+use crate::abi::{self, RequestHead, ResultHead, ResultHit, SearchParams};
+use crate::error::{cuda, GpuError};
+use crate::memory::{device_addr, zeroed, Pinned};
+
+/// One answered query with the kernel's work counters.
+#[derive(Clone, Debug)]
+pub struct Answer {
+    /// (search distance, node), ascending, distinct, no deleted node
+    pub hits: Vec<(f32, u32)>,
+    /// nodes expanded, all CTAs
+    pub expanded: u32,
+    /// distances computed, all CTAs
+    pub computed: u32,
+    /// CTAs stopped by the iteration cap
+    pub capped: u32,
+}
+
+/// The host's view of a slot, under its mutex.
+#[derive(Default)]
+pub(crate) struct SlotState {
+    /// sequence number of the last query
+    pub seq: u32,
+    /// the slot word of the last query
+    pub cmd: u32,
+    pub busy: bool,
+    pub abandoned: bool,
+    /// the index the query searches: kept alive until the slot is free
+    pub resident: Option<Arc<Resident>>,
+    ctas: u32,
+    k: u32,
+    max_expand: u32,
+}
+
+struct Group {
+    stream: Arc<CudaStream>,
+    free: Mutex<Vec<u32>>,
+}
+
+pub(crate) struct Slots {
+    z: Sizing,
+    states: Vec<Mutex<SlotState>>,
+    groups: Vec<Group>,
+    group_of: Vec<u16>,
+    /// slot words: written by cuStreamWriteValue32 (else a 4-byte copy from
+    /// `words`, where the device lacks stream memory operations)
+    pub stream_mem_ops: bool,
+    cmd: CudaSlice<u32>,
+    done: CudaSlice<u32>,
+    reqs: CudaSlice<u8>,
+    visited: CudaSlice<u64>,
+    staging: Pinned,
+    results: Pinned,
+    finish: Pinned,
+    words: Pinned,
+}
+
+thread_local! {
+    static PREFERRED_GROUP: Cell<usize> = const { Cell::new(usize::MAX) };
+}
+static NEXT_GROUP: AtomicUsize = AtomicUsize::new(0);
+
+impl Slots {
+    pub fn new(ctx: &Arc<CudaContext>, z: &Sizing, mgmt: &Arc<CudaStream>) -> Result<Slots, GpuError> {
+        let (slots, groups) = (z.slots, z.groups);
+        let mut gs = Vec::with_capacity(groups);
+        let mut group_of = vec![0u16; slots];
+        for g in 0..groups {
+            // group g: slots [g * slots / groups, (g + 1) * slots / groups)
+            let (lo, hi) = (g * slots / groups, (g + 1) * slots / groups);
+            group_of[lo..hi].fill(g as u16);
+            let stream = ctx.new_stream().map_err(|e| cuda("creating a slot stream", e))?;
+            gs.push(Group { stream, free: Mutex::new((lo as u32..hi as u32).rev().collect()) });
+        }
+        let s = Slots {
+            states: (0..slots).map(|_| Mutex::new(SlotState::default())).collect(),
+            groups: gs,
+            group_of,
+            stream_mem_ops: false,
+            cmd: zeroed(mgmt, slots, "the slot words")?,
+            done: zeroed(mgmt, slots, "the slot counters")?,
+            reqs: zeroed(mgmt, slots * z.req_stride, "the request buffers")?,
+            visited: zeroed(mgmt, slots << z.visited_log2, "the visited tables")?,
+            staging: Pinned::new(ctx, slots * z.req_stride, false, "the request staging")?,
+            results: Pinned::new(ctx, slots * z.result_stride, true, "the result blocks")?,
+            finish: Pinned::new(ctx, slots * FINISH_STRIDE_WORDS * 4, true, "the finish words")?,
+            words: Pinned::new(ctx, slots * 4, false, "the slot word staging")?,
+            z: z.clone(),
+        };
+        mgmt.synchronize().map_err(|e| cuda("clearing the slots", e))?;
+        // stream memory operations: try one on a word nobody reads yet
+        // SAFETY: `done` is a live device allocation of at least 4 bytes.
+        let probe = unsafe { sys::cuStreamWriteValue32_v2(mgmt.cu_stream(), device_addr(&s.done), 0, 0) };
+        let stream_mem_ops = probe == CUresult::CUDA_SUCCESS && mgmt.synchronize().is_ok();
+        mgmt.synchronize().map_err(|e| cuda("synchronising", e))?;
+        Ok(Slots { stream_mem_ops, ..s })
+    }
+
+    /// The slot part of the kernel's parameter.
+    pub fn params(&self, p: &mut SearchParams) {
+        p.cmd = device_addr(&self.cmd);
+        p.reqs = device_addr(&self.reqs);
+        p.visited = device_addr(&self.visited);
+        p.done = device_addr(&self.done);
+        p.results = self.results.device_addr();
+        p.finish = self.finish.device_addr();
+        p.req_stride = self.z.req_stride as u32;
+        p.visited_log2 = self.z.visited_log2;
+        p.result_stride = self.z.result_stride as u32;
+        p.k_max = self.z.k_max as u32;
+        p.finish_stride = FINISH_STRIDE_WORDS as u32;
+        p.ctas_per_slot = self.z.ctas as u32;
+        p.list_cap = self.z.list_cap as u32;
+        p.max_qwords = self.z.max_qwords as u32;
+    }
+
+    pub fn count(&self) -> usize {
+        self.states.len()
+    }
+    pub fn groups(&self) -> usize {
+        self.groups.len()
+    }
+    pub fn state(&self, slot: u32) -> MutexGuard<'_, SlotState> {
+        self.states[slot as usize].lock()
+    }
+
+    /// A free slot: of `group`, or of this thread's preferred group first.
+    pub fn take(&self, group: Option<usize>) -> Option<u32> {
+        let n = self.groups.len();
+        let pop = |g: usize| self.groups[g].free.lock().pop();
+        if let Some(g) = group {
+            return pop(g % n);
+        }
+        let pref = PREFERRED_GROUP.with(|p| {
+            if p.get() == usize::MAX {
+                p.set(NEXT_GROUP.fetch_add(1, Ordering::Relaxed));
+            }
+            p.get()
+        });
+        (0..n).find_map(|i| pop((pref + i) % n))
+    }
+
+    pub fn release(&self, slot: u32, st: &mut SlotState) {
+        st.busy = false;
+        st.abandoned = false;
+        st.resident = None;
+        self.groups[self.group_of[slot as usize] as usize].free.lock().push(slot);
+    }
+
+    /// The last value the kernel finished in this slot.
+    pub fn finish_word(&self, slot: u32) -> u32 {
+        // SAFETY: inside the mapped finish array, 4-aligned, alive as long as
+        // self; the GPU writes it, so it is read atomically.
+        unsafe {
+            let w = self.finish.ptr().add(slot as usize * FINISH_STRIDE_WORDS * 4) as *const AtomicU32;
+            (*w).load(Ordering::Acquire)
+        }
+    }
+
+    /// Writes a slot word on the slot's group stream (Err: the driver's error).
+    pub fn write_cmd(&self, slot: u32, value: u32) -> Result<(), String> {
+        let stream = &self.groups[self.group_of[slot as usize] as usize].stream;
+        stream.context().bind_to_thread().map_err(|e| format!("binding the context: {e:?}"))?;
+        let addr = device_addr(&self.cmd) + 4 * slot as u64;
+        let r = if self.stream_mem_ops {
+            // SAFETY: `addr` is this slot's word; cudarc has no stream write.
+            unsafe { sys::cuStreamWriteValue32_v2(stream.cu_stream(), addr, value, 0) }
+        } else {
+            // SAFETY: the slot's staging word is ours while we own the slot;
+            // the copy is ordered on the same stream as the request's.
+            unsafe {
+                let w = (self.words.ptr() as *mut u32).add(slot as usize);
+                std::ptr::write_volatile(w, value);
+                sys::cuMemcpyHtoDAsync_v2(addr, w as *const std::ffi::c_void, 4, stream.cu_stream())
+            }
+        };
+        if r == CUresult::CUDA_SUCCESS {
+            Ok(())
+        } else {
+            Err(format!("writing a slot word: {}", err_name(r)))
+        }
+    }
+
+    /// Fills the slot's request (the slot is ours, `st` its locked state),
+    /// copies it to the device and writes the slot word. Err: the driver's
+    /// error (the context is then unusable).
+    pub fn send(
+        &self,
+        slot: u32,
+        st: &mut SlotState,
+        res: &Arc<Resident>,
+        query: &[f32],
+        k: usize,
+        plan: &QueryPlan,
+    ) -> Result<u32, String> {
+        let stream = &self.groups[self.group_of[slot as usize] as usize].stream;
+        let mut seq = st.seq + 1;
+        if seq > abi::SEQ_LIMIT {
+            // the 27-bit sequence would wrap: entries of old queries could
+            // then look current, so clear the slot's visited table first
+            let bytes = 8usize << self.z.visited_log2;
+            let at = device_addr(&self.visited) + (slot as u64) * bytes as u64;
+            // SAFETY: the slot's own table, inside `visited`.
+            unsafe { result::memset_d8_async(at, 0, bytes, stream.cu_stream()) }
+                .map_err(|e| format!("clearing a visited table: {e:?}"))?;
+            seq = 1;
+        }
+        let cmd = abi::cmd_word(seq, plan.ctas);
+        let head = RequestHead {
+            cmd,
+            index: res.table,
+            gen: res.gen,
+            k: k as u32,
+            list: plan.list,
+            ctas: plan.ctas,
+            max_expand: plan.max_expand.max(1),
+            offset_beam: plan.offset_beam,
+            beam: plan.beam_width.max(1),
+            seeds: plan.seeds.min(31),
+            qwords: res.fmt.qwords as u32,
+            pad: [0; 5],
+        };
+        let bytes = std::mem::size_of::<RequestHead>() + 4 * res.fmt.qwords;
+        let at = slot as usize * self.z.req_stride;
+        // SAFETY: the slot's staging bytes are ours until its next query,
+        // which cannot start before this one finished; `bytes` fits the stride.
+        let src = unsafe {
+            let base = self.staging.ptr().add(at);
+            std::ptr::write_unaligned(base as *mut RequestHead, head);
+            let q = std::slice::from_raw_parts_mut(
+                base.add(std::mem::size_of::<RequestHead>()) as *mut f32,
+                res.fmt.qwords,
+            );
+            q.fill(0.0);
+            q[..query.len()].copy_from_slice(query);
+            if res.ip {
+                // -dot over the first stored_dim - 1 coordinates only
+                q[res.dim - 1] = 0.0;
+            }
+            std::slice::from_raw_parts(base as *const u8, bytes)
+        };
+        // SAFETY: the destination is this slot's request buffer; the source is
+        // pinned and stays untouched until the kernel has read it.
+        unsafe { result::memcpy_htod_async(device_addr(&self.reqs) + at as u64, src, stream.cu_stream()) }
+            .map_err(|e| format!("copying a query: {e:?}"))?;
+        st.seq = seq;
+        st.cmd = cmd;
+        st.busy = true;
+        st.abandoned = false;
+        st.resident = Some(res.clone());
+        st.ctas = plan.ctas;
+        st.k = k as u32;
+        st.max_expand = plan.max_expand.max(1);
+        self.write_cmd(slot, cmd)?;
+        Ok(cmd)
+    }
+
+    /// Reads the finished query of `slot` (its finish word says `st.cmd`),
+    /// frees the slot and merges the CTAs' lists. Err: an answer that makes
+    /// no sense (a CTA answered another query, or found no index).
+    pub fn collect(&self, slot: u32, st: &mut SlotState) -> Result<Answer, String> {
+        let res = st.resident.clone().expect("a busy slot names its index");
+        let (ctas, k, cmd) = (st.ctas as usize, st.k as usize, st.cmd);
+        let mut lists: Vec<Vec<(f32, u32)>> = Vec::with_capacity(ctas);
+        let (mut expanded, mut computed, mut capped) = (0u32, 0u32, 0u32);
+        let mut bad = None;
+        for c in 0..ctas {
+            let at = slot as usize * self.z.result_stride + c * self.z.cta_block;
+            // SAFETY: the GPU wrote this block before the finish word we read
+            // with acquire; nobody writes it again until the slot is reused.
+            let (head, hits) = unsafe {
+                let base = self.results.ptr().add(at);
+                let head = std::ptr::read_volatile(base as *const ResultHead);
+                let n = (head.count as usize).min(k);
+                (head, std::slice::from_raw_parts(base.add(std::mem::size_of::<ResultHead>()) as *const ResultHit, n))
+            };
+            if head.cmd != cmd {
+                bad = Some(format!("CTA {c} answered {:#x} for {cmd:#x}", head.cmd));
+                break;
+            }
+            if head.expanded == abi::OUT_BAD_INDEX {
+                bad = Some("the kernel found no such index".into());
+                break;
+            }
+            expanded = expanded.saturating_add(head.expanded);
+            computed = computed.saturating_add(head.computed);
+            capped += (head.expanded >= st.max_expand) as u32;
+            lists.push(hits.iter().map(|h| (h.dist, h.id)).collect());
+        }
+        self.release(slot, st);
+        if let Some(b) = bad {
+            return Err(b);
+        }
+        let refs: Vec<&[(f32, u32)]> = lists.iter().map(|v| v.as_slice()).collect();
+        let hits = merge_lists(&refs, k, |v| res.is_result(v));
+        Ok(Answer { hits, expanded, computed, capped })
+    }
+
+    /// A dropped ticket: the slot comes back now if the GPU has finished it,
+    /// else once it has ([`Slots::reclaim`]).
+    pub fn abandon(&self, slot: u32, cmd: u32) {
+        let mut st = self.state(slot);
+        if !st.busy || st.cmd != cmd {
+            return;
+        }
+        if self.finish_word(slot) == cmd {
+            self.release(slot, &mut st);
+        } else {
+            st.abandoned = true;
+        }
+    }
+
+    /// Frees abandoned slots whose query has finished; how many.
+    pub fn reclaim(&self) -> usize {
+        let mut freed = 0;
+        for (i, s) in self.states.iter().enumerate() {
+            if let Some(mut st) = s.try_lock() {
+                if st.busy && st.abandoned && self.finish_word(i as u32) == st.cmd {
+                    self.release(i as u32, &mut st);
+                    freed += 1;
+                }
+            }
+        }
+        freed
+    }
+
+    /// Whether a query is still on the GPU.
+    pub fn any_in_flight(&self) -> bool {
+        self.states.iter().enumerate().any(|(i, s)| {
+            let st = s.lock();
+            st.busy && self.finish_word(i as u32) != st.cmd
+        })
+    }
+
+    /// Quit in every slot: one copy of the whole word array on `mgmt`, after
+    /// the slot words still queued on the group streams.
+    pub fn quit_all(&self, mgmt: &CudaStream) {
+        for g in &self.groups {
+            let _ = g.stream.synchronize();
+        }
+        let n = self.count();
+        // SAFETY: the staging words are ours (no submit runs once the server
+        // is closed); the copy covers exactly the device's slot words.
+        unsafe {
+            let w = self.words.ptr() as *mut u32;
+            for i in 0..n {
+                std::ptr::write_volatile(w.add(i), abi::CMD_QUIT);
+            }
+            let words = std::slice::from_raw_parts(w as *const u32, n);
+            if result::memcpy_htod_async(device_addr(&self.cmd), words, mgmt.cu_stream()).is_ok() {
+                let _ = mgmt.synchronize();
+            }
+        }
+    }
+}

@@ -1,0 +1,166 @@
+// The host-kernel ABI of gpu_graph: every memory layout and constant that the
+// host (crates/gpu) and the kernels of this folder share, written once.
+//
+// crates/gpu/src/abi.rs mirrors it field for field and constant for constant
+// (#[repr(C)], the same names without the GG_ prefix). Two checks keep the
+// two sides together, and each fails when one side changes alone:
+//   * `cargo test -p gpu_graph_gpu` parses this file and compares every
+//     #define and every struct (field names, order, offsets, size) with the
+//     Rust side;
+//   * the kernel compile check (scripts/check-kernels.sh, in CI) compiles
+//     static_asserts generated from the Rust side (abi::static_asserts)
+//     against this file with NVRTC itself.
+//
+// NVRTC gets this file from memory (crates/gpu/src/nvrtc.rs): kernels
+// include it by name, and it includes nothing (a machine with only the
+// driver and libnvrtc has no toolkit headers).
+#pragma once
+
+typedef unsigned long long u64;
+typedef unsigned int u32;
+typedef unsigned short u16;
+typedef unsigned char u8;
+
+// ------------------------------------------------------------------ graphs
+
+// Padding of a neighbour list, and "no node".
+#define GG_NO_NODE 0xFFFFFFFFu
+
+// Node flags, one byte per node (gpu_graph_engine::node): deleted nodes are
+// traversed but never a result; free slots hold no node.
+#define GG_NODE_DELETED 1u
+#define GG_NODE_FREE 2u
+
+// ------------------------------------------------- GRNND (rnn_descent.cu)
+
+// A pool slot (64 bits): distance bits << 32 | new bit | id. A squared
+// distance is >= 0, so its bits order as the float does and a whole slot
+// orders by distance. EMPTY sorts after every real slot.
+#define GG_POOL_EMPTY 0xFFFFFFFFFFFFFFFFull
+#define GG_POOL_NEW_BIT 0x80000000u
+#define GG_POOL_ID_MASK 0x7FFFFFFFu
+
+// grnnd_update's mode bits: scan a pool in ascending distance (Algorithm 2,
+// as the CPU builder) instead of GRNND's fresh random order.
+#define GG_MODE_ASCENDING 1u
+
+// grnnd_update's statistics counters (u64 each)
+#define GG_STAT_INSERTED 0u
+#define GG_STAT_DISTANCES 1u
+#define GG_STAT_REDIRECTS 2u
+#define GG_STAT_COUNT 4u
+
+// One warp per vertex, this many warps per block; each warp has
+// GG_GRNND_SCRATCH_WORDS * R words of dynamic shared memory.
+#define GG_GRNND_WARPS 8u
+#define GG_GRNND_SCRATCH_WORDS 6u
+
+// --------------------------------------------- exact k-NN (knn_exact.cu)
+
+#define GG_KNN_BM 128u      // rows of a block tile
+#define GG_KNN_BN 128u      // columns of a block tile
+#define GG_KNN_KC 64u       // dimensions per shared-memory stage
+#define GG_KNN_KPAD 8u      // row padding (halves): 144-byte rows, conflict-free ldmatrix
+#define GG_KNN_DPAD 4u      // distance tile row padding (floats)
+#define GG_KNN_THREADS 256u // 8 warps: 2 (rows) x 4 (columns) for the MMA, 16 rows each for top-k
+// Largest k of the exact k-NN graph: the on-chip lists hold 64 candidates,
+// re-ranked to k <= 32.
+#define GG_KNN_MAX_K 32u
+// Dynamic shared memory of knn_tiles: two fp16 operand stages, the distance
+// tile and the two norm vectors.
+#define GG_KNN_SMEM_BYTES                                                                         \
+    (2u * 128u * (GG_KNN_KC + GG_KNN_KPAD) * 2u + GG_KNN_BM * (GG_KNN_BN + GG_KNN_DPAD) * 4u + \
+     (GG_KNN_BM + GG_KNN_BN) * 4u)
+
+// ----------------------------- the persistent search (search_persistent.cu)
+
+// Slot words (cmd[slot]): seq << GG_CMD_CTAS_BITS | (ctas - 1), seq =
+// 1 .. GG_SEQ_LIMIT; or one of the commands below; 0 = never used.
+#define GG_CMD_CTAS_BITS 5u
+#define GG_SEQ_LIMIT 134217726u  // (1 << 27) - 2
+#define GG_CMD_QUIT 0xFFFFFFFFu
+#define GG_CMD_FAULT 0xFFFFFFFEu  // test switch: an illegal address
+// ResultHead.expanded when the request named no loaded index
+#define GG_OUT_BAD_INDEX 0xFFFFFFFFu
+// Neighbour ids gathered per step: beam * degree <= GG_CAND_CAP, so at most
+// GG_MAX_BEAM_ROWS ids per lane.
+#define GG_MAX_BEAM_ROWS 8u
+#define GG_CAND_CAP 256u
+// Loads in flight per lane of a distance: a row of `chunks` 16-byte chunks
+// takes the smallest power of two G of lanes with chunks <= GG_DIST_UNROLL * G.
+#define GG_DIST_UNROLL 16u
+// Distance kinds of an index
+#define GG_METRIC_L2 0u  // squared L2 over the stored vectors (L2, cosine)
+#define GG_METRIC_IP 1u  // -dot over the first stored_dim - 1 coordinates
+// Dynamic shared memory of one CTA: the query, two lists (distance, id) of
+// list_cap, the candidate buffer, 32 entries to merge and 32 selected ids.
+#define GG_SEARCH_SMEM_BYTES(max_qwords, list_cap) \
+    (4u * (max_qwords) + 16u * (list_cap) + 8u * GG_CAND_CAP + 8u * 32u + 4u * 32u)
+
+// A resident index (a table of these in device memory, one per index).
+struct IndexDesc {
+    u64 vectors;    // n rows of chunks * 16 bytes (fp32, or fp16 when exact)
+    u64 adjacency;  // n x degree u32, GG_NO_NODE padded
+    u64 flags;      // n bytes of GG_NODE_* flags
+    u32 n;
+    u32 degree;
+    u32 entry;
+    u32 chunks;  // 16-byte chunks per row
+    u32 half;    // rows are fp16
+    u32 metric;  // GG_METRIC_*
+    u32 lanes;   // lanes per distance, a power of two <= 32
+    u32 gen;     // != 0 while loaded: a request must name the same
+    u32 pad0;
+    u32 pad1;
+};
+
+// A query slot's request in device memory: this header, then qwords floats.
+struct RequestHead {
+    u32 cmd;    // the slot word of this query (written last by the host copy)
+    u32 index;  // entry of the index table
+    u32 gen;    // IndexDesc.gen it expects
+    u32 k;
+    u32 list;         // candidate list length of each CTA
+    u32 ctas;         // CTAs that search
+    u32 max_expand;   // iteration cap: expansions per CTA
+    u32 offset_beam;  // beam extend from this list position on
+    u32 beam;         // candidates expanded per step after that
+    u32 seeds;        // random start nodes per CTA (at most 31)
+    u32 qwords;       // floats of the query that follow
+    u32 pad[5];
+};
+
+// A CTA's answer in mapped host memory: this header, then k_max ResultHit entries.
+struct ResultHead {
+    u32 cmd;       // the slot word it answers
+    u32 count;     // hits written
+    u32 expanded;  // nodes expanded (GG_OUT_BAD_INDEX: no such index)
+    u32 computed;  // distances computed
+};
+
+struct ResultHit {
+    float dist;
+    u32 id;
+};
+
+// The persistent kernel's one parameter (passed by value). Addresses are
+// device addresses (u64) so the layout is the same on both sides.
+struct SearchParams {
+    u64 indexes;   // IndexDesc[n_indexes]
+    u64 cmd;       // u32 per slot: the slot words (device memory)
+    u64 reqs;      // req_stride bytes per slot: RequestHead + query
+    u64 visited;   // u64 << visited_log2 per slot
+    u64 done;      // u32 per slot: CTAs finished with the current query
+    u64 results;   // result_stride bytes per slot (mapped host memory)
+    u64 finish;    // u32 every finish_stride words (mapped host memory)
+    u32 n_indexes;
+    u32 req_stride;
+    u32 visited_log2;
+    u32 result_stride;
+    u32 k_max;
+    u32 finish_stride;
+    u32 ctas_per_slot;
+    u32 list_cap;
+    u32 max_qwords;
+    u32 max_sleep_ns;
+};

@@ -1,0 +1,108 @@
+// Device helpers shared by the kernels of this folder: one definition of the
+// random mix, the fp16 conversion, the warp masks, the (distance, id) order,
+// the squared-L2 distance of a lane group and the one prune rule.
+//
+// Handed to NVRTC from memory with abi.h (crates/gpu/src/nvrtc.rs); like the
+// kernels it includes nothing else: everything is a compiler built-in or
+// inline PTX.
+#pragma once
+#include "abi.h"
+
+#define FULL_MASK 0xFFFFFFFFu
+
+// splitmix64's finaliser: the random start (rnn_descent.cu, the same
+// generator as the CPU builder's), GRNND's pair order, the search's seeds.
+__device__ __forceinline__ u64 mix64(u64 x) {
+    x ^= x >> 30;
+    x *= 0xbf58476d1ce4e5b9ull;
+    x ^= x >> 27;
+    x *= 0x94d049bb133111ebull;
+    x ^= x >> 31;
+    return x;
+}
+
+// fp16 bits -> float
+__device__ __forceinline__ float h2f(u32 h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"((u16)h));
+    return f;
+}
+
+// float -> fp16 bits, round to nearest even
+__device__ __forceinline__ u16 f2h(float f) {
+    u16 h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+
+// The lanes below this one (for compaction after a ballot).
+__device__ __forceinline__ u32 lanemask_lt() {
+    u32 m;
+    asm("mov.u32 %0, %%lanemask_lt;" : "=r"(m));
+    return m;
+}
+
+// (distance, id) order: ascending distance, ties by id.
+__device__ __forceinline__ bool key_lt(float ad, u32 ai, float bd, u32 bi) {
+    return ad < bd || (ad == bd && ai < bi);
+}
+__device__ __forceinline__ bool key_le(float ad, u32 ai, float bd, u32 bi) {
+    return ad < bd || (ad == bd && ai <= bi);
+}
+
+__device__ __forceinline__ float sq4(float a0, float a1, float a2, float a3, float b0, float b1, float b2, float b3,
+                                     float acc) {
+    const float d0 = a0 - b0, d1 = a1 - b1, d2 = a2 - b2, d3 = a3 - b3;
+    acc = fmaf(d0, d0, acc);
+    acc = fmaf(d1, d1, acc);
+    acc = fmaf(d2, d2, acc);
+    acc = fmaf(d3, d3, acc);
+    return acc;
+}
+
+// Stored vectors of a build: n rows of dp values (dp a multiple of 4,
+// zero-padded), fp32, or fp16 when half != 0 (only when exact).
+struct Vecs {
+    const void* x;
+    u32 dp;
+    u32 half;
+};
+
+// Squared L2 between rows a and b, computed by the G consecutive lanes of a
+// group (G a power of two dividing 32); every lane of the group gets the sum.
+// Called by the whole warp (the reduction shuffles over all 32 lanes); lanes
+// with active == false load nothing and return 0.
+__device__ __forceinline__ float group_dist(Vecs V, u32 a, u32 b, u32 sub, u32 G, bool active) {
+    float acc = 0.f;
+    if (active) {
+        const u32 q = V.dp >> 2;  // 4-value pieces per row
+        if (V.half) {
+            const uint2* pa = (const uint2*)((const u16*)V.x + (u64)a * V.dp);
+            const uint2* pb = (const uint2*)((const u16*)V.x + (u64)b * V.dp);
+            for (u32 o = sub; o < q; o += G) {
+                const uint2 x = __ldg(pa + o), y = __ldg(pb + o);
+                acc = sq4(h2f(x.x & 0xffff), h2f(x.x >> 16), h2f(x.y & 0xffff), h2f(x.y >> 16), h2f(y.x & 0xffff),
+                          h2f(y.x >> 16), h2f(y.y & 0xffff), h2f(y.y >> 16), acc);
+            }
+        } else {
+            const float4* pa = (const float4*)((const float*)V.x + (u64)a * V.dp);
+            const float4* pb = (const float4*)((const float*)V.x + (u64)b * V.dp);
+            for (u32 o = sub; o < q; o += G) {
+                const float4 x = __ldg(pa + o), y = __ldg(pb + o);
+                acc = sq4(x.x, x.y, x.z, x.w, y.x, y.y, y.z, y.w, acc);
+            }
+        }
+    }
+    for (u32 m = G >> 1; m > 0; m >>= 1) acc += __shfl_xor_sync(FULL_MASK, acc, m);
+    return acc;
+}
+
+// The one prune rule of gpu_graph (gpu_graph_engine::prune::occludes): a kept
+// neighbour at distance `kept` from the node occludes a candidate at
+// distance `cand` when their distance to each other, `between`, is <= cand;
+// except that a kept copy of the node itself (kept == 0) prunes only other
+// copies, so two copies of one vector cannot form an island.
+__device__ __forceinline__ bool occludes(float kept, float cand, float between) {
+    if (kept == 0.f && cand > 0.f) return false;
+    return between <= cand;
+}

@@ -16,8 +16,9 @@ pub const USABLE: usize = BLCKSZ - PAGE_HEADER;
 /// TID (6 bytes) + flags (2 bytes) before each stored vector.
 pub const VECTOR_HEADER: usize = 8;
 
-pub const FLAG_DELETED: u16 = 1;
-pub const FLAG_FREE: u16 = 2;
+/// A vector tuple's flags: the engine's node flags (gpu_graph_engine::node), widened.
+pub const FLAG_DELETED: u16 = gpu_graph_engine::node::DELETED as u16;
+pub const FLAG_FREE: u16 = gpu_graph_engine::node::FREE as u16;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Layout {

@@ -25,11 +25,12 @@ use pgrx::bgworkers::{BackgroundWorker, SignalWakeFlags};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 
-use super::device::{Device, Failure, Hits, Start};
+use super::device::{Device, Hits, Start};
 use super::gpu::GpuPending;
 use super::image::Key;
+use super::outcome::Outcome;
 use super::residency::{Lookup, Residency};
-use super::ring::{State, Status, MAX_HITS};
+use super::ring::{State, MAX_HITS};
 use super::set_latch;
 use super::shmem::{shared, Shared};
 use super::stats::add;
@@ -175,7 +176,7 @@ struct InFlight {
 }
 
 enum Work {
-    Done(Result<Hits, Status>),
+    Done(Result<Hits, Outcome>),
     Gpu(GpuPending),
 }
 
@@ -258,21 +259,19 @@ impl Worker {
         add(&shared.counters.queue_us, (taken_at - req.submitted_at).max(0) as u64);
         if req.fault {
             log!("gpu_graph search worker: failing on purpose (gpu_graph.inject_fault)");
-            if let Err(Failure::Fatal(why)) = self.device.inject_fault() {
-                return Err(why);
-            }
+            self.device.inject_fault();
         }
         let query = &req.query[..req.dim as usize];
         let work = match self.residency.lookup(Key::of(req), req.generation) {
             Lookup::Ready(r) => match self.device.start(&r.handle, query, req.k as usize, req.ef as usize) {
                 Ok(Start::Done(hits)) => Work::Done(Ok(hits)),
                 Ok(Start::Pending(p)) => Work::Gpu(p),
-                Err(f) => Work::Done(Err(status(f)?)),
+                Err(o) => Work::Done(Err(failed(&self.device, o)?)),
             },
-            Lookup::Unfit => Work::Done(Err(Status::Unfit)),
+            Lookup::Unfit => Work::Done(Err(Outcome::Unfit)),
             Lookup::Stale => {
                 unsafe { self.residency.want(req, &self.device, self.limit(), shared) };
-                Work::Done(Err(Status::Stale))
+                Work::Done(Err(Outcome::Stale))
             }
         };
         let due = Instant::now() + Duration::from_millis(req.delay_ms as u64);
@@ -304,7 +303,7 @@ impl Worker {
                         continue;
                     }
                     Ok(Some(hits)) => f.work = Work::Done(Ok(hits)),
-                    Err(e) => f.work = Work::Done(Err(status(e)?)),
+                    Err(o) => f.work = Work::Done(Err(failed(&self.device, o)?)),
                 }
             }
             if now < f.due {
@@ -332,11 +331,11 @@ impl Worker {
                     reply.nodes[j] = node;
                 }
                 reply.n = n as u32;
-                reply.status = Status::Ok;
+                reply.outcome = Outcome::Answered;
             }
-            Work::Done(Err(s)) => {
+            Work::Done(Err(o)) => {
                 reply.n = 0;
-                reply.status = s;
+                reply.outcome = o;
             }
             Work::Gpu(_) => unreachable!("answered only when done"),
         }
@@ -347,15 +346,11 @@ impl Worker {
     }
 }
 
-/// The status a failed search answers with; Err for a fatal one.
-fn status(f: Failure) -> Result<Status, String> {
-    match f {
-        Failure::Busy => Ok(Status::Busy),
-        Failure::Unfit(_) => Ok(Status::Unfit),
-        Failure::Error(why) => {
-            log!("gpu_graph search worker: a search failed: {why}");
-            Ok(Status::Error)
-        }
-        Failure::Fatal(why) => Err(why),
+/// A failed search: its outcome for the backend, or Err when the device
+/// failed for good (the worker then exits and is started again).
+fn failed(device: &Device, o: Outcome) -> Result<Outcome, String> {
+    if o == Outcome::Error {
+        device.check()?;
     }
+    Ok(o)
 }

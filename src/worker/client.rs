@@ -25,10 +25,11 @@ use gpu_graph_engine::search::Hit;
 use gpu_graph_engine::store::GraphView;
 use pgrx::pg_sys;
 
-use super::ring::{Slot, Status, MAX_HITS};
+use super::outcome::Outcome;
+use super::ring::{Slot, MAX_HITS};
 use super::set_latch;
 use super::shmem::{shared, Shared};
-use super::stats::{add, counters, fallback, Fallback};
+use super::stats::{add, counters, record};
 use crate::gucs::{SearchDevice, GPU_TIMEOUT, INJECT_FAULT, SEARCH_DEVICE, WORKER_DELAY};
 use crate::storage::meta::Meta;
 use crate::storage::page_store::PageStore;
@@ -64,16 +65,9 @@ pub unsafe fn first_round(
         add(&counters().scans_cpu, 1);
         return None;
     }
-    match ask(index, meta, query, ef) {
-        Ok(nodes) => {
-            add(&counters().scans_worker, 1);
-            Some(verify(store, meta, query, nodes))
-        }
-        Err(reason) => {
-            fallback(reason);
-            None
-        }
-    }
+    let answer = ask(index, meta, query, ef);
+    record(answer.as_ref().err().copied().unwrap_or(Outcome::Answered));
+    answer.ok().map(|nodes| verify(store, meta, query, nodes))
 }
 
 /// The slot this backend holds, for the exit callback (a FATAL error or
@@ -121,15 +115,15 @@ unsafe extern "C-unwind" fn let_go_at_exit(_code: i32, _arg: pg_sys::Datum) {
 }
 
 /// Submits the query and waits; the answer's node ids.
-unsafe fn ask(index: pg_sys::Relation, meta: &Meta, query: &[f32], ef: usize) -> Result<Vec<u32>, Fallback> {
-    let shared = shared().ok_or(Fallback::Absent)?;
-    shared.worker().ok_or(Fallback::Absent)?;
+unsafe fn ask(index: pg_sys::Relation, meta: &Meta, query: &[f32], ef: usize) -> Result<Vec<u32>, Outcome> {
+    let shared = shared().ok_or(Outcome::Absent)?;
+    shared.worker().ok_or(Outcome::Absent)?;
     let rel = &*index;
     // a temporary index lives in this backend's local buffers
     if (*rel.rd_rel).relpersistence as u8 == pg_sys::RELPERSISTENCE_TEMP || query.len() > MAX_DIM {
-        return Err(Fallback::Unfit);
+        return Err(Outcome::Unfit);
     }
-    let claim = Claim::new(shared).ok_or(Fallback::Busy)?;
+    let claim = Claim::new(shared).ok_or(Outcome::Busy)?;
     let starts = shared.worker_starts.load(Ordering::Acquire);
     let submitted_at = pg_sys::GetCurrentTimestamp();
     {
@@ -154,22 +148,19 @@ unsafe fn ask(index: pg_sys::Relation, meta: &Meta, query: &[f32], ef: usize) ->
     set_latch(shared.worker_procno.load(Ordering::Acquire));
     wait(shared, &claim, starts)?;
     let reply = claim.slot.reply();
-    match reply.status {
-        Status::Ok => {
+    match reply.outcome {
+        Outcome::Answered => {
             add(&counters().roundtrip_us, (pg_sys::GetCurrentTimestamp() - submitted_at).max(0) as u64);
             Ok(reply.nodes[..reply.n as usize].to_vec())
         }
-        Status::Stale => Err(Fallback::Stale),
-        Status::Busy => Err(Fallback::Busy),
-        Status::Unfit => Err(Fallback::Unfit),
-        Status::Error => Err(Fallback::Error),
+        other => Err(other),
     }
 }
 
 /// Sleeps on the latch until the slot is answered, the timeout passes or the
 /// worker is gone. Interrupts are served while waiting: a cancel raises its
 /// ERROR here and the claim lets go of the slot as the ERROR unwinds.
-unsafe fn wait(shared: &Shared, claim: &Claim, starts: u64) -> Result<(), Fallback> {
+unsafe fn wait(shared: &Shared, claim: &Claim, starts: u64) -> Result<(), Outcome> {
     let timeout = Duration::from_millis(GPU_TIMEOUT.get() as u64);
     let t0 = Instant::now();
     loop {
@@ -179,11 +170,11 @@ unsafe fn wait(shared: &Shared, claim: &Claim, starts: u64) -> Result<(), Fallba
         // a worker that exits wakes its waiters; one that restarted will not
         // answer what the old one took
         if shared.worker().is_none() || shared.worker_starts.load(Ordering::Acquire) != starts {
-            return Err(Fallback::Absent);
+            return Err(Outcome::Absent);
         }
         let left = timeout.saturating_sub(t0.elapsed());
         if left.is_zero() {
-            return Err(Fallback::Timeout);
+            return Err(Outcome::Timeout);
         }
         // look again at least every 100 ms whatever wakes us
         let ms = left.min(Duration::from_millis(100)).as_micros().div_ceil(1000) as i64;

@@ -2,25 +2,16 @@
 //! test mode (gpu_graph.worker_device = cpu) the engine's CPU search over the
 //! worker's own copy, so machines without a GPU run the real protocol.
 
+use gpu_graph_engine::flat::FlatIndex;
 use gpu_graph_engine::search::search;
 
 use super::gpu::{GpuPending, GpuResident, GpuSearch};
-use super::image::Image;
+use super::outcome::Outcome;
 use super::shmem::{DEVICE_CPU, DEVICE_GPU};
 use crate::gucs::WorkerDevice;
 
 /// (search distance, node), nearest first.
 pub type Hits = Vec<(f32, u32)>;
-
-pub enum Failure {
-    /// every GPU query slot is in use
-    Busy,
-    /// beyond what the device takes (too large, k or ef too large)
-    Unfit(String),
-    Error(String),
-    /// the device is unusable: the worker must exit (and be restarted)
-    Fatal(String),
-}
 
 pub enum Device {
     Cpu,
@@ -29,7 +20,7 @@ pub enum Device {
 
 /// A resident copy on its device.
 pub enum Handle {
-    Cpu(Image),
+    Cpu(FlatIndex),
     Gpu(GpuResident),
     /// an index without an entry point (nothing live): every answer is empty
     Empty,
@@ -70,17 +61,18 @@ impl Device {
         }
     }
 
-    /// Makes a copy resident; returns it and the bytes it occupies.
-    pub fn install(&self, image: Image) -> Result<(Handle, usize), Failure> {
-        if image.entry.is_none() {
+    /// Makes a copy resident; returns it and the bytes it occupies. Err:
+    /// what that means for the index's scans, and why.
+    pub fn install(&self, index: FlatIndex) -> Result<(Handle, usize), (Outcome, String)> {
+        if index.graph.entry.is_none() {
             return Ok((Handle::Empty, 0));
         }
         match self {
             Device::Cpu => {
-                let bytes = Image::bytes_for(image.len(), image.stored_dim, image.degree);
-                Ok((Handle::Cpu(image), bytes))
+                let bytes = index.bytes();
+                Ok((Handle::Cpu(index), bytes))
             }
-            Device::Gpu(g) => g.load(&image).map(|(r, bytes)| (Handle::Gpu(r), bytes)),
+            Device::Gpu(g) => g.load(&index).map(|(r, bytes)| (Handle::Gpu(r), bytes)),
         }
     }
 
@@ -91,11 +83,11 @@ impl Device {
     }
 
     /// Starts a search for the `k` nearest with beam `ef` (`query` as the user gave it).
-    pub fn start(&self, h: &Handle, query: &[f32], k: usize, ef: usize) -> Result<Start, Failure> {
+    pub fn start(&self, h: &Handle, query: &[f32], k: usize, ef: usize) -> Result<Start, Outcome> {
         match (self, h) {
             (_, Handle::Empty) => Ok(Start::Done(Vec::new())),
-            (_, Handle::Cpu(image)) => {
-                let hits = search(image, image.metric, query, k, ef);
+            (_, Handle::Cpu(index)) => {
+                let hits = search(index, index.metric, query, k, ef);
                 Ok(Start::Done(hits.iter().map(|h| (h.dist, h.node)).collect()))
             }
             (Device::Gpu(g), Handle::Gpu(r)) => g.submit(r, query, k, ef).map(Start::Pending),
@@ -104,7 +96,7 @@ impl Device {
     }
 
     /// The answer of a started search, when it is there.
-    pub fn poll(&self, p: &mut GpuPending) -> Result<Option<Hits>, Failure> {
+    pub fn poll(&self, p: &mut GpuPending) -> Result<Option<Hits>, Outcome> {
         match self {
             Device::Gpu(g) => g.poll(p),
             Device::Cpu => unreachable!("the CPU answers at once"),
@@ -112,20 +104,18 @@ impl Device {
     }
 
     /// gpu_graph.inject_fault: makes the worker fail as a device fault would.
-    pub fn inject_fault(&self) -> Result<(), Failure> {
+    pub fn inject_fault(&self) {
         match self {
             Device::Gpu(g) => g.inject_fault(),
             Device::Cpu => pgrx::error!("gpu_graph: search worker fault injected (gpu_graph.inject_fault)"),
         }
     }
 
-    /// Err(why) when the device can serve no more.
+    /// Err(why) when the device can serve no more: the worker exits and is
+    /// started again.
     pub fn check(&self) -> Result<(), String> {
         match self {
-            Device::Gpu(g) => match g.health() {
-                Err(Failure::Fatal(why)) => Err(why),
-                _ => Ok(()),
-            },
+            Device::Gpu(g) => g.health(),
             Device::Cpu => Ok(()),
         }
     }

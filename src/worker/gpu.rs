@@ -1,12 +1,14 @@
 //! The adapter over crates/gpu's persistent search kernel (SearchServer):
-//! every use of its API by the worker is in this file.
+//! every use of its API by the worker is in this file, and so is the one
+//! mapping of its errors onto a search round's [`Outcome`].
 
+use gpu_graph_engine::flat::FlatIndex;
 use gpu_graph_engine::metric::Metric;
-use gpu_graph_gpu::search::{IndexImage, ResidentId, SearchError, SearchServer, ServerConfig, Ticket};
+use gpu_graph_gpu::search::{ResidentId, SearchError, SearchServer, ServerConfig, Ticket};
 use gpu_graph_gpu::{Gpu, GpuError};
 
-use super::device::{Failure, Hits};
-use super::image::Image;
+use super::device::Hits;
+use super::outcome::Outcome;
 
 pub struct GpuSearch {
     // fields drop in order: the server (and its kernel) before the context
@@ -21,14 +23,19 @@ pub struct GpuResident {
 
 pub struct GpuPending(Ticket);
 
-fn failure(e: SearchError) -> Failure {
+/// What a failed request means for the scan that made it. A server that is
+/// closed or poisoned answers Error here; [`GpuSearch::health`] then tells
+/// the worker to exit.
+fn outcome(e: SearchError) -> Outcome {
     match e {
-        SearchError::Busy => Failure::Busy,
-        SearchError::Invalid(s) => Failure::Unfit(s),
-        SearchError::Timeout => Failure::Error("the GPU did not answer in time".into()),
-        SearchError::Gpu(e) => Failure::Error(e.to_string()),
-        // the context is gone: only a new process gets a new one
-        e @ (SearchError::Closed | SearchError::Poisoned(_)) => Failure::Fatal(e.to_string()),
+        SearchError::Busy => Outcome::Busy,
+        SearchError::Invalid(_) | SearchError::Gpu(GpuError::OutOfMemory { .. } | GpuError::Unsupported(_)) => {
+            Outcome::Unfit
+        }
+        SearchError::Timeout | SearchError::Gpu(_) | SearchError::Closed | SearchError::Poisoned(_) => {
+            pgrx::log!("gpu_graph search worker: a GPU request failed: {e}");
+            Outcome::Error
+        }
     }
 }
 
@@ -51,59 +58,43 @@ impl GpuSearch {
         self.gpu.mem_info().map(|(free, _)| free.saturating_sub(1 << 30)).unwrap_or(0)
     }
 
-    /// Uploads a copy; its device bytes.
-    pub fn load(&self, image: &Image) -> Result<(GpuResident, usize), Failure> {
-        let entry = image.entry.expect("only copies with an entry point are uploaded");
-        let img = IndexImage {
-            vectors: &image.vectors,
-            stored_dim: image.stored_dim,
-            adjacency: &image.adjacency,
-            degree: image.degree,
-            entry,
-            flags: Some(&image.flags),
-            metric: image.metric,
-        };
-        match self.server.load(&img) {
-            Ok(id) => {
-                let bytes = self.server.bytes(id).unwrap_or(0);
-                Ok((GpuResident { id, metric: image.metric }, bytes))
-            }
-            Err(e) => Err(self.load_failure(e)),
-        }
-    }
-
-    fn load_failure(&self, e: GpuError) -> Failure {
-        if let Some(why) = self.server.poisoned() {
-            return Failure::Fatal(why);
-        }
-        match e {
-            GpuError::OutOfMemory { .. } | GpuError::Unsupported(_) => Failure::Unfit(e.to_string()),
-            e => Failure::Error(e.to_string()),
-        }
+    /// Uploads a copy; its device bytes. Err: what it means for the scans
+    /// of the index, and why.
+    pub fn load(&self, index: &FlatIndex) -> Result<(GpuResident, usize), (Outcome, String)> {
+        let id = self.server.load(index).map_err(|e| (outcome(e.clone()), e.to_string()))?;
+        let bytes = self.server.resident_info(id).map_or(0, |r| r.bytes);
+        Ok((GpuResident { id, metric: index.metric }, bytes))
     }
 
     pub fn unload(&self, r: GpuResident) {
         // queries against it fail from now on; an error here leaves device
-        // memory behind, which the next poisoned-server check reports
+        // memory behind, which the next health check reports
         let _ = self.server.unload(r.id);
     }
 
-    pub fn submit(&self, r: &GpuResident, query: &[f32], k: usize, ef: usize) -> Result<GpuPending, Failure> {
+    pub fn submit(&self, r: &GpuResident, query: &[f32], k: usize, ef: usize) -> Result<GpuPending, Outcome> {
         let k = k.min(self.server.info().k_max);
-        self.server.submit(r.id, &r.metric.prepare_query(query), k, ef).map(GpuPending).map_err(failure)
+        self.server.submit(r.id, &r.metric.prepare_query(query), k, ef).map(GpuPending).map_err(outcome)
     }
 
-    pub fn poll(&self, p: &mut GpuPending) -> Result<Option<Hits>, Failure> {
-        self.server.poll(&mut p.0).map_err(failure)
+    pub fn poll(&self, p: &mut GpuPending) -> Result<Option<Hits>, Outcome> {
+        self.server.poll(&mut p.0).map(|a| a.map(|a| a.hits)).map_err(outcome)
     }
 
-    pub fn inject_fault(&self) -> Result<(), Failure> {
-        self.server.inject_fault().map_err(failure)
+    /// gpu_graph.inject_fault: a fault inside the kernel.
+    pub fn inject_fault(&self) {
+        if let Err(e) = self.server.inject_fault() {
+            pgrx::log!("gpu_graph search worker: fault injection: {e}");
+        }
     }
 
-    /// Whether the kernel still runs (a fault may come with no query waiting).
-    pub fn health(&self) -> Result<(), Failure> {
-        self.server.health().map_err(failure)
+    /// Err(why) once the server can serve no more (a fault in the kernel, a
+    /// lost device, the kernel gone): only a new process gets a new context.
+    pub fn health(&self) -> Result<(), String> {
+        match self.server.health() {
+            Err(e @ (SearchError::Closed | SearchError::Poisoned(_))) => Err(e.to_string()),
+            _ => Ok(()),
+        }
     }
 
     pub fn shutdown(&self) {

@@ -20,20 +20,14 @@
 
 use std::time::Instant;
 
+use gpu_graph_engine::flat::FlatIndex;
 use gpu_graph_engine::metric::Metric;
-use gpu_graph_engine::store::{GraphView, Visit};
-use gpu_graph_engine::NO_NODE;
 use pgrx::pg_sys;
 
 use super::ring::Request;
-use crate::storage::layout::{Layout, FLAG_DELETED, FLAG_FREE, PAGE_HEADER, VECTOR_HEADER};
+use crate::storage::layout::{Layout, PAGE_HEADER, VECTOR_HEADER};
 use crate::storage::meta::{Meta, FORMAT_VERSION, MAGIC};
 use crate::storage::page_store::VectorHeader;
-
-/// Traversed, never a result (bit 0: the GPU server's FLAG_DELETED).
-pub const IMG_DELETED: u8 = 1;
-/// No node here: not even traversed.
-pub const IMG_FREE: u8 = 2;
 
 /// Which index: its RelFileNode (tablespace, database, relation).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -78,71 +72,6 @@ unsafe fn close_files(rnode: pg_sys::RelFileNode) {
     pg_sys::smgrclosenode(pg_sys::RelFileNodeBackend { node: rnode, backend: pg_sys::InvalidBackendId });
 }
 
-pub struct Image {
-    pub metric: Metric,
-    pub stored_dim: usize,
-    pub degree: usize,
-    pub entry: Option<u32>,
-    /// n × stored_dim
-    pub vectors: Vec<f32>,
-    /// n × degree, NO_NODE padded
-    pub adjacency: Vec<u32>,
-    /// per node: [`IMG_DELETED`], [`IMG_DELETED`] | [`IMG_FREE`] or 0
-    pub flags: Vec<u8>,
-}
-
-impl Image {
-    pub fn len(&self) -> usize {
-        self.flags.len()
-    }
-
-    /// Host bytes of a copy of `n` nodes.
-    pub fn bytes_for(n: usize, stored_dim: usize, degree: usize) -> usize {
-        n * (4 * stored_dim + 4 * degree + 1)
-    }
-}
-
-/// The engine's search runs on a copy as on the pages (CPU test mode).
-impl GraphView for Image {
-    fn stored_dim(&self) -> usize {
-        self.stored_dim
-    }
-    fn degree(&self) -> usize {
-        self.degree
-    }
-    fn node_count(&self) -> u32 {
-        self.len() as u32
-    }
-    fn entry(&self) -> Option<u32> {
-        self.entry
-    }
-    fn visit<F: FnOnce(&[f32]) -> f32>(&self, node: u32, dist: F) -> Option<Visit> {
-        let i = node as usize;
-        let f = *self.flags.get(i)?;
-        if f & IMG_FREE != 0 {
-            return None;
-        }
-        let v = &self.vectors[i * self.stored_dim..(i + 1) * self.stored_dim];
-        Some(Visit { dist: dist(v), payload: node as u64, deleted: f & IMG_DELETED != 0 })
-    }
-    fn neighbors(&self, node: u32, out: &mut Vec<u32>) {
-        out.clear();
-        let s = node as usize * self.degree;
-        if let Some(list) = self.adjacency.get(s..s + self.degree) {
-            out.extend(list.iter().copied().take_while(|&n| n != NO_NODE));
-        }
-    }
-}
-
-fn zeroed<T: Clone>(n: usize, value: T) -> Option<Vec<T>> {
-    // an allocation failure must not abort the process (PostgreSQL would
-    // restart every backend): it makes the index unfit instead
-    let mut v = Vec::new();
-    v.try_reserve_exact(n).ok()?;
-    v.resize(n, value);
-    Some(v)
-}
-
 /// A session lock taken without waiting, released on drop.
 struct SessionLock(pg_sys::LOCKTAG);
 
@@ -184,7 +113,7 @@ pub struct Loader {
     /// next block to read, last block to read
     next: u32,
     last: u32,
-    image: Option<Image>,
+    image: Option<FlatIndex>,
 }
 
 pub enum Begin {
@@ -253,22 +182,21 @@ impl Loader {
                 return Begin::NotNow;
             }
         }
-        let bytes = Image::bytes_for(n, sd, degree);
+        let bytes = FlatIndex::bytes_for(n, sd, degree);
         if limit > 0 && bytes > limit {
             return Begin::TooLarge { generation: m.generation, bytes };
         }
-        let (Some(vectors), Some(adjacency), Some(flags)) =
-            (zeroed(n * sd, 0f32), zeroed(n * degree, NO_NODE), zeroed(n, IMG_DELETED | IMG_FREE))
-        else {
+        // every node free until its page is read; an allocation failure
+        // makes the index unfit rather than abort the worker
+        let Some(image) = FlatIndex::try_free(m.metric(), sd, degree, n, m.entry()) else {
             return Begin::TooLarge { generation: m.generation, bytes };
         };
-        l.image =
-            Some(Image { metric: m.metric(), stored_dim: sd, degree, entry: m.entry(), vectors, adjacency, flags });
+        l.image = Some(image);
         Begin::Started(Box::new(l))
     }
 
     pub fn bytes(&self) -> usize {
-        self.image.as_ref().map_or(0, |i| Image::bytes_for(i.len(), i.stored_dim, i.degree))
+        self.image.as_ref().map_or(0, FlatIndex::bytes)
     }
 
     unsafe fn read_block(&self, block: u32, f: impl FnOnce(*const u8)) {
@@ -304,7 +232,7 @@ impl Loader {
                 if page == 0 {
                     for node in first..chunk_end {
                         let list = p.add(l.graph_offset(node as u32)) as *const u32;
-                        let out = &mut image.adjacency[node * l.degree..(node + 1) * l.degree];
+                        let out = &mut image.graph.adjacency[node * l.degree..(node + 1) * l.degree];
                         std::ptr::copy_nonoverlapping(list, out.as_mut_ptr(), l.degree);
                     }
                 } else {
@@ -312,13 +240,8 @@ impl Loader {
                     for node in lo..(lo + l.per_vector_page).min(chunk_end) {
                         let t = p.add(l.vector_offset(node as u32));
                         let h = std::ptr::read_unaligned(t as *const VectorHeader);
-                        image.flags[node] = if h.flags & FLAG_FREE != 0 {
-                            IMG_DELETED | IMG_FREE
-                        } else if h.flags & FLAG_DELETED != 0 {
-                            IMG_DELETED
-                        } else {
-                            0
-                        };
+                        // the page's flags are the engine's node flags, widened
+                        image.flags[node] = h.flags as u8;
                         let out = &mut image.vectors[node * l.stored_dim..(node + 1) * l.stored_dim];
                         std::ptr::copy_nonoverlapping(
                             t.add(VECTOR_HEADER) as *const f32,
@@ -335,7 +258,7 @@ impl Loader {
     }
 
     /// The finished copy (the lock is released when the loader drops).
-    pub fn take(mut self) -> Image {
+    pub fn take(mut self) -> FlatIndex {
         self.image.take().expect("a started load has an image")
     }
 }

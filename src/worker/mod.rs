@@ -8,8 +8,10 @@
 //! - [`ring`]: a query slot's layout and state machine
 //! - [`client`]: the backend's side (submit, wait on the latch, verify)
 //! - [`bgworker`]: the worker process (registration, main loop, exits)
-//! - [`residency`], [`image`]: the index copies and reading them from pages
+//! - [`residency`], [`image`]: the index copies (engine::flat::FlatIndex) and
+//!   reading them from pages
 //! - [`device`], [`gpu`]: what the worker searches with
+//! - [`outcome`]: how a scan's first round went, end to end
 //! - [`stats`]: counters, gpu_graph_worker_stats()
 //!
 //! The worker is an accelerator, never a dependency: whenever it is absent,
@@ -21,6 +23,7 @@ mod client;
 mod device;
 mod gpu;
 mod image;
+mod outcome;
 mod residency;
 mod ring;
 mod shmem;

@@ -5,7 +5,7 @@
 
 use pgrx::pg_sys;
 
-use super::device::{Device, Failure, Handle};
+use super::device::{Device, Handle};
 use super::image::{Begin, Key, Loader};
 use super::ring::Request;
 use super::shmem::Shared;
@@ -129,9 +129,12 @@ impl Residency {
                 add(&shared.counters.load_us, started.elapsed().as_micros() as u64);
                 self.publish(shared);
             }
-            Err(Failure::Fatal(why)) => return Err(why),
-            Err(Failure::Unfit(why) | Failure::Error(why)) => self.mark_unfit(key, generation, &why),
-            Err(Failure::Busy) => {} // not from an upload; tried again on the next request
+            Err((_, why)) => {
+                // a device that failed for good ends the worker; otherwise
+                // this generation of the index stays on the CPU
+                device.check()?;
+                self.mark_unfit(key, generation, &why)
+            }
         }
         Ok(false)
     }

@@ -29,6 +29,7 @@
 use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use super::outcome::Outcome;
 use crate::gucs::EF_SEARCH_MAX;
 use crate::types::array::MAX_DIM;
 
@@ -92,24 +93,10 @@ pub struct Request {
     pub query: [f32; MAX_DIM],
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[repr(u32)]
-pub enum Status {
-    Ok = 0,
-    /// no copy of the index at the backend's generation yet (one is being made)
-    Stale = 1,
-    /// every GPU query slot was in use
-    Busy = 2,
-    /// beyond the worker's limits (index larger than gpu_memory_limit, k or ef
-    /// larger than the GPU server takes)
-    Unfit = 3,
-    Error = 4,
-}
-
 /// The worker's answer. Written by the worker in WORKING only.
 #[repr(C)]
 pub struct Reply {
-    pub status: Status,
+    pub outcome: Outcome,
     pub n: u32,
     /// node ids, nearest first (the backend takes each node's distance
     /// from the pages, so the worker's are not sent)

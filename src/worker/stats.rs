@@ -11,44 +11,20 @@ use pgrx::prelude::*;
 use pgrx::{pg_sys, JsonB};
 use serde_json::{json, Value};
 
+use super::outcome::Outcome;
 use super::ring::State;
 use super::shmem::{shared, DEVICE_CPU, DEVICE_GPU};
 
-/// Why a scan that wanted the worker searched on the CPU.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Fallback {
-    /// no worker serving (not started, restarting, or gone while we waited)
-    Absent,
-    /// no free query slot (in the ring, or on the GPU)
-    Busy,
-    /// no answer within gpu_graph.gpu_timeout
-    Timeout,
-    /// the worker has no copy of the index at the scan's generation yet
-    Stale,
-    /// the query or the index is beyond the worker's limits
-    Unfit,
-    Error,
-}
-
-const FALLBACKS: [(Fallback, &str); 6] = [
-    (Fallback::Absent, "absent"),
-    (Fallback::Busy, "busy"),
-    (Fallback::Timeout, "timeout"),
-    (Fallback::Stale, "stale"),
-    (Fallback::Unfit, "unfit"),
-    (Fallback::Error, "error"),
-];
-
 #[repr(C)]
 pub struct Counters {
-    /// scans whose first round the worker answered
-    pub scans_worker: AtomicU64,
-    /// scans searched on the CPU from the start
+    /// scans that asked the worker, by [`Outcome`]: answered, or why not
+    outcomes: [AtomicU64; Outcome::ALL.len()],
+    /// scans whose first round was searched on the CPU (not asking the
+    /// worker, or after a fallback)
     pub scans_cpu: AtomicU64,
     /// worker-served scans that went on to search on the CPU (the executor
     /// wanted more rows than the answer had)
     pub cpu_after_worker: AtomicU64,
-    fallbacks: [AtomicU64; 6],
     /// backend side: submission to answer read, summed over worker-served scans
     pub roundtrip_us: AtomicU64,
     /// worker side: requests taken, answers given (any status), answers
@@ -68,10 +44,9 @@ pub struct Counters {
 impl Counters {
     const fn new() -> Counters {
         Counters {
-            scans_worker: AtomicU64::new(0),
+            outcomes: [const { AtomicU64::new(0) }; Outcome::ALL.len()],
             scans_cpu: AtomicU64::new(0),
             cpu_after_worker: AtomicU64::new(0),
-            fallbacks: [const { AtomicU64::new(0) }; 6],
             roundtrip_us: AtomicU64::new(0),
             taken: AtomicU64::new(0),
             answered: AtomicU64::new(0),
@@ -96,10 +71,14 @@ pub fn add(c: &AtomicU64, n: u64) {
     c.fetch_add(n, Ordering::Relaxed);
 }
 
-pub fn fallback(reason: Fallback) {
+/// Counts the outcome of a scan that asked the worker; a fallback is also a
+/// scan searched on the CPU.
+pub fn record(outcome: Outcome) {
     let c = counters();
-    add(&c.fallbacks[FALLBACKS.iter().position(|f| f.0 == reason).unwrap()], 1);
-    add(&c.scans_cpu, 1);
+    add(&c.outcomes[outcome.index()], 1);
+    if outcome != Outcome::Answered {
+        add(&c.scans_cpu, 1);
+    }
 }
 
 fn get(c: &AtomicU64) -> u64 {
@@ -198,7 +177,7 @@ COMMENT ON FUNCTION gpu_graph_worker_stats() IS
 fn gpu_graph_worker_stats() -> JsonB {
     let c = counters();
     let fallbacks: serde_json::Map<String, Value> =
-        FALLBACKS.iter().enumerate().map(|(i, (_, name))| (name.to_string(), json!(get(&c.fallbacks[i])))).collect();
+        Outcome::ALL[1..].iter().map(|&o| (o.name().to_string(), json!(get(&c.outcomes[o.index()])))).collect();
     let worker = match shared() {
         None => json!({"state": worker_state()}),
         Some(s) => {
@@ -219,7 +198,7 @@ fn gpu_graph_worker_stats() -> JsonB {
     };
     let residents: Vec<Value> =
         shared().map(|s| s.residents.read().iter().map(entry_json).collect()).unwrap_or_default();
-    let (scans_worker, taken, loads) = (get(&c.scans_worker), get(&c.taken), get(&c.loads));
+    let (scans_worker, taken, loads) = (get(&c.outcomes[Outcome::Answered.index()]), get(&c.taken), get(&c.loads));
     JsonB(json!({
         "scope": if shared().is_some() { "cluster" } else { "backend" },
         "worker": worker,

@@ -7,7 +7,7 @@
 use std::time::Instant;
 
 use gpu_graph_engine::dataset::{data_dir, read_bvecs, read_fvecs, read_ivecs, Matrix};
-use gpu_graph_engine::memory::MemoryStore;
+use gpu_graph_engine::flat::FlatIndex;
 use gpu_graph_engine::metric::Metric;
 use gpu_graph_engine::params::BuildParams;
 use gpu_graph_engine::recall::{operator_distance, recall_at_k};
@@ -51,7 +51,7 @@ fn main() {
         let secs = t.elapsed().as_secs_f64();
         let cpu = cpu_seconds() - cpu0;
         let avg_deg = (0..g.len() as u32).map(|u| g.neighbors(u).count()).sum::<usize>() as f64 / g.len() as f64;
-        let store = MemoryStore::from_graph(&g, stored.clone(), base.dim, (0..base.len() as u64).collect());
+        let store = FlatIndex::new(metric, base.dim, stored.clone(), g);
         let mut line =
             format!("{}\t{}\t{}\t{}\t{}\t{:.2}\t{:.2}\t{:.1}", p.s, p.r, p.t1, p.t2, p.rho, secs, cpu, avg_deg);
         let mut qps = 0.0;
@@ -68,7 +68,7 @@ fn main() {
 }
 
 fn mean_recall_at(
-    store: &MemoryStore,
+    store: &FlatIndex,
     metric: Metric,
     base: &Matrix<f32>,
     queries: &Matrix<f32>,

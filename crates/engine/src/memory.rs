@@ -14,7 +14,6 @@ use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
 use parking_lot::{Mutex, RwLock, RwLockReadGuard};
 
 use crate::flat::FlatIndex;
-use crate::graph::Graph;
 use crate::node::{DELETED, FREE, LIVE};
 use crate::store::{GraphMut, GraphView, Visit};
 use crate::NO_NODE;
@@ -63,13 +62,6 @@ impl MemoryStore {
             entry: AtomicU32::new(graph.entry.unwrap_or(NO_NODE)),
             free_slots: Mutex::new(free),
         }
-    }
-
-    /// A store holding a built graph over `vectors` (n × `stored_dim`), every node live.
-    pub fn from_graph(graph: &Graph, vectors: Vec<f32>, stored_dim: usize, payloads: Vec<u64>) -> MemoryStore {
-        // the metric does not matter here: the store holds stored vectors
-        let flat = FlatIndex::new(crate::metric::Metric::L2, stored_dim, vectors, graph.clone());
-        MemoryStore::from_flat(flat, payloads)
     }
 
     fn read(&self) -> RwLockReadGuard<'_, Nodes> {
@@ -160,6 +152,7 @@ impl GraphMut for MemoryStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::graph::Graph;
 
     #[test]
     fn allocate_free_reuse() {
@@ -203,9 +196,13 @@ mod tests {
     }
 
     #[test]
-    fn from_graph() {
-        let g = Graph { degree: 2, adjacency: vec![1, NO_NODE, 0, 1], entry: Some(1) };
-        let s = MemoryStore::from_graph(&g, vec![0.0, 1.0], 1, vec![7, 8]);
+    fn from_flat() {
+        let g = Graph { degree: 2, adjacency: vec![1, NO_NODE, 0, 1, NO_NODE, NO_NODE], entry: Some(1) };
+        let mut flat = FlatIndex::new(crate::metric::Metric::L2, 1, vec![0.0, 1.0, 2.0], g);
+        flat.flags[2] = FREE;
+        let s = MemoryStore::from_flat(flat, vec![7, 8, 9]);
+        assert_eq!(s.visit(2, |_| 0.0), None, "a free node stays free");
+        assert_eq!(s.allocate(&[5.0], 10), 2, "and is reused first");
         let mut out = Vec::new();
         s.neighbors(0, &mut out);
         assert_eq!(out, vec![1]);

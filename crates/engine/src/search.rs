@@ -204,18 +204,18 @@ pub fn search<G: GraphView>(store: &G, metric: Metric, query: &[f32], k: usize, 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::memory::MemoryStore;
+    use crate::flat::FlatIndex;
+    use crate::node;
     use crate::params::BuildParams;
     use crate::rnn_descent::build;
-    use crate::store::GraphMut;
 
     #[test]
     fn resume_never_returns_a_node_twice() {
         let (n, dim) = (400usize, 4usize);
         let v: Vec<f32> = (0..n * dim).map(|i| ((i * 7919) % 1000) as f32 / 10.0).collect();
         let g = build(&v, dim, &BuildParams { degree: 8, ..BuildParams::default() }, &mut |_, _| true).unwrap();
-        let store = MemoryStore::from_graph(&g, v.clone(), dim, (0..n as u64).collect());
-        store.mark_deleted(5);
+        let mut store = FlatIndex::new(Metric::L2, dim, v.clone(), g);
+        store.flags[5] = node::DELETED;
         let q = [50.0, 20.0, 70.0, 10.0];
         // the first answer, as the worker would give it: a deleted node included
         let mut first: Vec<u32> = search(&store, Metric::L2, &q, 10, 10).iter().map(|h| h.node).collect();

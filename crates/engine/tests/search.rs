@@ -3,13 +3,14 @@
 mod common;
 
 use common::Rng;
+use gpu_graph_engine::flat::FlatIndex;
 use gpu_graph_engine::graph::Graph;
-use gpu_graph_engine::memory::MemoryStore;
 use gpu_graph_engine::metric::Metric;
+use gpu_graph_engine::node;
 use gpu_graph_engine::params::BuildParams;
 use gpu_graph_engine::rnn_descent::build;
 use gpu_graph_engine::search::{search, Search};
-use gpu_graph_engine::store::{GraphMut, GraphView};
+use gpu_graph_engine::store::GraphView;
 use gpu_graph_engine::NO_NODE;
 
 const N: usize = 600;
@@ -21,7 +22,7 @@ fn points() -> Vec<f32> {
 }
 
 /// Drains a search round by round; checks each round is sorted and returns all ids.
-fn drain(store: &MemoryStore, q: &[f32], ef: usize) -> Vec<u32> {
+fn drain(store: &FlatIndex, q: &[f32], ef: usize) -> Vec<u32> {
     let mut s = Search::new(store, Metric::L2, q);
     let first = s.next_round(store, ef);
     assert_eq!(first, search(store, Metric::L2, q, ef, ef), "the first round is the plain search");
@@ -43,10 +44,10 @@ fn drain(store: &MemoryStore, q: &[f32], ef: usize) -> Vec<u32> {
 fn rounds_return_every_live_node_once() {
     let v = points();
     let g = build(&v, DIM, &BuildParams { degree: 8, ..BuildParams::default() }, &mut |_, _| true).unwrap();
-    let store = MemoryStore::from_graph(&g, v.clone(), DIM, (0..N as u64).collect());
+    let mut store = FlatIndex::new(Metric::L2, DIM, v.clone(), g);
     let deleted = [3u32, 77, 150, 151, 599];
     for &d in &deleted {
-        store.mark_deleted(d);
+        store.flags[d as usize] = node::DELETED;
     }
     let mut rng = Rng(7);
     for ef in [1, 10, 64] {
@@ -68,7 +69,7 @@ fn unreachable_nodes_are_swept() {
     let mut adjacency = g.adjacency.clone();
     adjacency.resize(N * 8, NO_NODE);
     let g = Graph { degree: 8, adjacency, entry: g.entry };
-    let store = MemoryStore::from_graph(&g, v.clone(), DIM, (0..N as u64).collect());
+    let store = FlatIndex::new(Metric::L2, DIM, v.clone(), g);
     let mut got = drain(&store, &v[..DIM], 16);
     got.sort_unstable();
     assert_eq!(got, (0..N as u32).collect::<Vec<_>>());

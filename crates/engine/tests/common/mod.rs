@@ -6,12 +6,14 @@
 use std::path::PathBuf;
 
 use gpu_graph_engine::dataset::{count_rows, data_dir, read_fvecs, read_ivecs, read_vectors, Matrix};
+use gpu_graph_engine::flat::FlatIndex;
 use gpu_graph_engine::memory::MemoryStore;
 use gpu_graph_engine::metric::Metric;
 use gpu_graph_engine::params::BuildParams;
 use gpu_graph_engine::recall::{exact_knn, operator_distance, recall_at_k};
 use gpu_graph_engine::rnn_descent::build;
 use gpu_graph_engine::search::search;
+use gpu_graph_engine::store::GraphView;
 use rayon::prelude::*;
 
 pub const K: usize = 10;
@@ -97,7 +99,7 @@ pub fn build_store(metric: Metric, base: &Matrix<f32>, params: &BuildParams) -> 
     let stored = prepare(metric, base);
     let dim = metric.stored_dim(base.dim);
     let g = build(&stored, dim, params, &mut |_, _| true).expect("not cancelled");
-    MemoryStore::from_graph(&g, stored, dim, (0..base.len() as u64).collect())
+    MemoryStore::from_flat(FlatIndex::new(metric, dim, stored, g), (0..base.len() as u64).collect())
 }
 
 /// The true k-th distance of each query, from a ground-truth file's ids.
@@ -111,8 +113,8 @@ pub fn kth_exact(metric: Metric, rows: &[f32], dim: usize, queries: &Matrix<f32>
 }
 
 /// Mean recall@K of a search with beam `ef`; a hit's payload is its row of `base`.
-pub fn recall(
-    store: &MemoryStore,
+pub fn recall<G: GraphView + Sync>(
+    store: &G,
     metric: Metric,
     base: &Matrix<f32>,
     queries: &Matrix<f32>,

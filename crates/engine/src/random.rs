@@ -14,12 +14,12 @@ pub fn mix64(mut z: u64) -> u64 {
 pub struct SplitMix64(pub u64);
 
 impl SplitMix64 {
-    pub fn next(&mut self) -> u64 {
+    pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         mix64(self.0)
     }
     /// Uniform in 0..n (Lemire's multiply-shift; the bias is below 2^-32).
     pub fn below(&mut self, n: u32) -> u32 {
-        (((self.next() >> 32) * n as u64) >> 32) as u32
+        (((self.next_u64() >> 32) * n as u64) >> 32) as u32
     }
 }

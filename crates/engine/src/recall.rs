@@ -77,6 +77,26 @@ pub fn mean_recall(found: &[Vec<f64>], truth: &[Vec<(u32, f64)>], k: usize) -> f
     sum / found.len() as f64
 }
 
+/// Ground truth from a file's ids (one row of ids per query): the first `k`
+/// ids of each row with their operator distances, as [`exact_knn`] returns.
+pub fn truth_from_ids(
+    base: &Matrix<f32>,
+    queries: &Matrix<f32>,
+    ids: &Matrix<i32>,
+    k: usize,
+    metric: Metric,
+) -> Vec<Vec<(u32, f64)>> {
+    (0..queries.len())
+        .map(|q| {
+            ids.row(q)
+                .iter()
+                .take(k)
+                .map(|&id| (id as u32, operator_distance(metric, queries.row(q), base.row(id as usize))))
+                .collect()
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -103,24 +123,4 @@ mod tests {
         let truth = vec![vec![(0, 0.0), (1, 2.0)], vec![(3, 1.0), (4, 1.0)]];
         assert_eq!(mean_recall(&[vec![0.0, 3.0], vec![1.0, 1.0]], &truth, 2), 0.75);
     }
-}
-
-/// Ground truth from a file's ids (one row of ids per query): the first `k`
-/// ids of each row with their operator distances, as [`exact_knn`] returns.
-pub fn truth_from_ids(
-    base: &Matrix<f32>,
-    queries: &Matrix<f32>,
-    ids: &Matrix<i32>,
-    k: usize,
-    metric: Metric,
-) -> Vec<Vec<(u32, f64)>> {
-    (0..queries.len())
-        .map(|q| {
-            ids.row(q)
-                .iter()
-                .take(k)
-                .map(|&id| (id as u32, operator_distance(metric, queries.row(q), base.row(id as usize))))
-                .collect()
-        })
-        .collect()
 }

@@ -230,9 +230,11 @@ mod tests {
             .collect()
     }
 
-    /// abi.h's structs: name and (field, C offset) in order, and size;
-    /// fields are u64, u32 or float, scalars or arrays.
-    fn parsed_structs() -> Vec<(String, usize, Vec<(String, usize)>)> {
+    /// A struct of abi.h: name, size, and (field, C offset) in order.
+    type Parsed = (String, usize, Vec<(String, usize)>);
+
+    /// abi.h's structs; fields are u64, u32 or float, scalars or arrays.
+    fn parsed_structs() -> Vec<Parsed> {
         let mut out = Vec::new();
         let mut rest = ABI_H;
         while let Some(i) = rest.find("\nstruct ") {

@@ -68,9 +68,13 @@ impl Gpu {
                 return Err(GpuError::NoDevice(format!("device {ordinal} asked for, {count} present")));
             }
             let mut driver_version = 0;
+            // SAFETY: a valid out-pointer; cudarc has no wrapper for this call.
             unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut driver_version) };
             let ctx = CudaContext::new(ordinal).map_err(|e| cuda("creating a CUDA context", e))?;
-            // one stream, used in order: cudarc's per-slice events are not needed
+            // SAFETY: streams are ordered by hand: a build uses one stream in
+            // order, and the search server synchronises its management
+            // stream before the kernel reads what it wrote. cudarc's events
+            // per slice would only add work (and serialise the slot streams).
             unsafe { ctx.disable_event_tracking() };
             let cc = ctx.compute_capability().map_err(|e| cuda("compute capability", e))?;
             let sm_count = ctx

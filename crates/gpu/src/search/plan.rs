@@ -235,18 +235,6 @@ impl Sizing {
 }
 
 #[cfg(test)]
-pub(crate) fn f16_to_f32(h: u16) -> f32 {
-    let sign = if h & 0x8000 != 0 { -1.0f32 } else { 1.0 };
-    let e = ((h >> 10) & 0x1f) as i32;
-    let m = (h & 0x3ff) as f32;
-    sign * match e {
-        0 => m * 2f32.powi(-24),
-        31 => f32::INFINITY,
-        _ => (1.0 + m / 1024.0) * 2f32.powi(e - 15),
-    }
-}
-
-#[cfg(test)]
 mod tests {
     use super::*;
 

@@ -8,7 +8,10 @@
 # wheel, with the runtime and crt headers beside it, in a virtual environment
 # cached under $HOME/.cache/gpu_graph/nvrtc-venv). The compile runs through
 # gpu-graph-nvrtc-check (crates/gpu), which calls the very compile function of
-# the extension (crates/gpu/src/nvrtc.rs) on the files of the working tree.
+# the extension (crates/gpu/src/nvrtc.rs) on the files of the working tree,
+# with kernels/abi.h and kernels/common.cuh handed over as the extension
+# hands them; it also compiles the ABI check (static_asserts generated from
+# crates/gpu/src/abi.rs over abi.h), which fails when the two disagree.
 # Default targets: compute_90 (PTX for Hopper, the GPUs the extension is
 # measured on: the form the extension compiles to when its NVRTC cannot give
 # the device's own machine code, for the driver to compile at load) and

@@ -4,17 +4,22 @@
 #   bash scripts/test.sh
 #
 # 1. scripts/setup.sh: install what is missing, build and install gpu_graph
-# 2. crate tests: `cargo test --release` of every workspace crate except the
-#    pgrx extension (the engine: algorithms, recall floors on ../shared/data;
-#    the benchmark runner)
-# 3. pg_regress: tests/pg_regress/sql/*.sql against a throwaway cluster with
+# 2. style: `cargo fmt --check`, and `cargo clippy` of every crate and target
+#    with warnings as errors
+# 3. crate tests: `cargo test --release` of every workspace crate except the
+#    pgrx extension (the engine: algorithms, recall floors on real data, the
+#    repository's data/ sample or the full sets; the GPU crate without a GPU:
+#    the host-kernel ABI, plans, the search kernel's CPU model; the
+#    benchmark runner)
+# 4. pg_regress: tests/pg_regress/sql/*.sql against a throwaway cluster with
 #    the installed extension (scripts/regress.sh); then the cluster-level tests
 #    in tests/cluster (WAL replay on a replica and after a crash, concurrency)
-# 4. pgrx tests: the extension's #[pg_test]s (`cargo pgrx test`, in a cluster
+# 5. pgrx tests: the extension's #[pg_test]s (`cargo pgrx test`, in a cluster
 #    run as the postgres OS user). It installs a build with the test functions
 #    in place of the release one, so it runs after pg_regress; the next
 #    scripts/setup.sh (or demo.sh) puts the release build back.
-# 5. [hook] scripts/check-kernels.sh, when it exists: compiles the CUDA kernels
+# 6. scripts/check-kernels.sh: compiles every CUDA kernel and the ABI check
+#    with NVRTC (no GPU needed)
 #
 # Every suite runs even when an earlier one fails. The last line is
 # `N passed, N failed` (suites); the exit status is non-zero on any failure.
@@ -77,6 +82,13 @@ else
   echo "==== setup: FAILED (the suites that need PostgreSQL are not run)"
 fi
 
+suite "format" cargo fmt --all --check
+if [ $setup_ok = 1 ]; then
+  # the extension crate builds against the PostgreSQL that setup configured
+  suite "clippy" cargo clippy --workspace --all-targets -- -D warnings
+else
+  not_run "clippy" "setup failed"
+fi
 suite "crate tests" cargo test --release --workspace --exclude gpu_graph
 if [ $setup_ok = 1 ]; then
   suite "pg_regress" bash scripts/regress.sh
@@ -89,10 +101,7 @@ else
   not_run "cluster tests" "setup failed"
   not_run "pgrx tests" "setup failed"
 fi
-# ---- hook: the CUDA kernel compile check (added by a later issue) ----
-if [ -f scripts/check-kernels.sh ]; then
-  suite "kernel compile" bash scripts/check-kernels.sh
-fi
+suite "kernel compile" bash scripts/check-kernels.sh
 
 echo
 echo "==== summary"

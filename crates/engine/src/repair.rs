@@ -93,13 +93,9 @@ fn rebuild<G: GraphMut>(store: &G, v: u32, dead: &IdSet) -> bool {
 /// being deleted, and the out-neighbours of those that are, followed through
 /// chains of deleted nodes up to [`CHAIN_STEPS`] steps.
 ///
-/// Measured on the first 20k SIFT rows (recall@10 at ef 40 over the rows
-/// left; 0.976 before any delete), a random fifth deleted / the fifth
-/// nearest one point deleted: live neighbours only 0.954 / 0.944; plus the
-/// deleted ones' out-neighbours 0.975 / 0.971 (0.15 s / 0.05 s); chains of
-/// two 0.977 / 0.976 (0.33 s / 0.20 s); three 0.976 / 0.977 at 0.7 s / 1.1 s.
-/// Adding the candidates' own neighbours when fewer than `degree` were found
-/// changed nothing measurable in either case, so it is not done.
+/// Two steps of a chain and the deleted ones' out-neighbours recover the
+/// recall a delete costs; more steps cost time and buy nothing (measured in
+/// docs/benchmarks.md, "VACUUM's repair").
 fn candidates<G: GraphView>(store: &G, v: u32, list: &[u32], dead: &IdSet) -> Vec<u32> {
     let mut seen = IdSet::default();
     seen.insert(v);

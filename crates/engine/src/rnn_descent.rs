@@ -1,4 +1,5 @@
-//! RNN-Descent on the CPU (Ono & Matsui; 000_e75164c80b1a33b2.txt, Algorithms 1 and 2).
+//! RNN-Descent on the CPU (Ono & Matsui, "Relative NN-Descent"; Algorithms 1
+//! and 2 as the GRNND paper restates them).
 //!
 //! Decisions the paper leaves open:
 //! - Collect, then merge: an update writes only its own vertex's pool; the

@@ -50,6 +50,54 @@ struct Point {
 }
 
 fn run(a: &Args) -> Result<(), String> {
+    let spec = spec_of(a)?;
+    let metric = spec.metric;
+    let (op, opclass) = db::operator(metric);
+    let mut c = db::connect(a, true)?; // first, to fail fast
+    let (base, queries, base_rows_in_file) = read_data(a, &spec)?;
+    println!(
+        "gpu-graph-bench: {}, {} rows x {} dims, {} ({opclass}, {op}), {} queries, recall@{}, {} client{}",
+        spec.name,
+        base.len(),
+        base.dim,
+        metric.name(),
+        queries.len(),
+        a.k,
+        a.clients,
+        if a.clients == 1 { "" } else { "s" }
+    );
+    let (mut gt, gt_source) = data::ground_truth(&spec, &base, base_rows_in_file, &queries, a.k)?;
+    println!("ground truth: {gt_source}");
+    let index = format!("{}_embedding_idx", a.table);
+    let (build_s, index_bytes) = load_and_build(&mut c, a, &base, &index, opclass)?;
+    let mut deleted = std::collections::HashSet::new();
+    if let Some(f) = a.delete_fraction {
+        let t = Instant::now();
+        deleted = db::delete_share(&mut c, &a.table, f, base.len())?;
+        println!(
+            "deleted {} rows ({:.0}%) and vacuumed in {:.2} s; index now {}",
+            deleted.len(),
+            100.0 * deleted.len() as f64 / base.len() as f64,
+            t.elapsed().as_secs_f64(),
+            mib(db::relation_size(&mut c, &index)?)
+        );
+        gt = data::ground_truth_without(&base, &deleted, &queries, metric, a.k);
+        println!("ground truth: brute force over the {} remaining rows", base.len() - deleted.len());
+    }
+    let sql = db::knn_sql(&a.table, op, a.k);
+    show_plan(&mut c, &sql, &queries, &index)?;
+    drop(c);
+    let points = sweep(a, &sql, metric, &base, &queries, &gt, &deleted)?;
+    if let Some(path) = &a.csv {
+        write_csv(path, a, &spec.name, &base, metric, build_s, index_bytes, &points)
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        println!("\nwrote {}", path.display());
+    }
+    Ok(())
+}
+
+/// The files and metric a run reads: a known set, or the given files.
+fn spec_of(a: &Args) -> Result<data::Spec, String> {
     let mut spec = match (&a.dataset, &a.base) {
         (Some(name), _) => data::known(name, &a.data_dir)?,
         (None, Some(base)) => data::Spec {
@@ -67,14 +115,14 @@ fn run(a: &Args) -> Result<(), String> {
         }
         spec.metric = m;
     }
-    let metric = spec.metric;
-    let (op, opclass) = db::operator(metric);
+    Ok(spec)
+}
 
-    let mut c = db::connect(a, true)?; // first, to fail fast
-
-    // --rows and --queries are upper bounds: a smaller file (the repository's
-    // sample) is used whole, and the line below says so; what is reported
-    // (the header line, the CSV's rows) is what was loaded
+/// Base rows, queries, and the rows the base file holds. --rows and
+/// --queries are upper bounds: a smaller file (the repository's sample) is
+/// used whole, and a line says so; what is reported (the header line, the
+/// CSV's rows) is what was loaded.
+fn read_data(a: &Args, spec: &data::Spec) -> Result<(Vectors, Vectors, usize), String> {
     let base_rows_in_file = data::rows_in_file(&spec.base)?;
     let base = data::read_vectors(&spec.base, a.rows)?;
     if let Some(r) = a.rows.filter(|&r| r > base.len()) {
@@ -91,64 +139,46 @@ fn run(a: &Args) -> Result<(), String> {
     if queries.dim != base.dim {
         return Err(format!("queries have {} dimensions, base rows {}", queries.dim, base.dim));
     }
-    println!(
-        "gpu-graph-bench: {}, {} rows x {} dims, {} ({opclass}, {op}), {} queries, recall@{}, {} client{}",
-        spec.name,
-        base.len(),
-        base.dim,
-        metric.name(),
-        queries.len(),
-        a.k,
-        a.clients,
-        if a.clients == 1 { "" } else { "s" }
-    );
-    let (gt, gt_source) = data::ground_truth(&spec, &base, base_rows_in_file, &queries, a.k)?;
-    println!("ground truth: {gt_source}");
+    Ok((base, queries, base_rows_in_file))
+}
 
-    let index = format!("{}_embedding_idx", a.table);
+/// Loads the table and builds the index (unless told to skip either): the
+/// build's seconds and the index's bytes.
+fn load_and_build(
+    c: &mut postgres::Client,
+    a: &Args,
+    base: &Vectors,
+    index: &str,
+    opclass: &str,
+) -> Result<(Option<f64>, i64), String> {
     if a.skip_load {
-        let n = db::count_rows(&mut c, &a.table)?;
+        let n = db::count_rows(c, &a.table)?;
         if n != base.len() {
             return Err(format!("--skip-load: table {} holds {n} rows, expected {}", a.table, base.len()));
         }
         println!("load: skipped (table {} holds {n} rows)", a.table);
     } else {
-        let t = db::load(&mut c, &a.table, &base)?;
-        let size = db::relation_size(&mut c, &a.table)?;
+        let t = db::load(c, &a.table, base)?;
+        let size = db::relation_size(c, &a.table)?;
         println!("load (COPY + ANALYZE): {:.2} s, table {}", t.as_secs_f64(), mib(size));
     }
     let build_s = if a.skip_build {
         println!("build: skipped (reusing {index})");
         None
     } else {
-        let t = db::build(&mut c, &a.table, &index, opclass, a.index_options.as_deref())?;
-        Some(t.as_secs_f64())
+        Some(db::build(c, &a.table, index, opclass, a.index_options.as_deref())?.as_secs_f64())
     };
-    let index_bytes = db::relation_size(&mut c, &index)?;
-    if let Some(s) = build_s {
-        println!("build: {s:.2} s, index {}", mib(index_bytes));
-    } else {
-        println!("index {}", mib(index_bytes));
+    let index_bytes = db::relation_size(c, index)?;
+    match build_s {
+        Some(s) => println!("build: {s:.2} s, index {}", mib(index_bytes)),
+        None => println!("index {}", mib(index_bytes)),
     }
+    Ok((build_s, index_bytes))
+}
 
-    let mut gt = gt;
-    let mut deleted = std::collections::HashSet::new();
-    if let Some(f) = a.delete_fraction {
-        let t = Instant::now();
-        deleted = db::delete_share(&mut c, &a.table, f, base.len())?;
-        println!(
-            "deleted {} rows ({:.0}%) and vacuumed in {:.2} s; index now {}",
-            deleted.len(),
-            100.0 * deleted.len() as f64 / base.len() as f64,
-            t.elapsed().as_secs_f64(),
-            mib(db::relation_size(&mut c, &index)?)
-        );
-        gt = data::ground_truth_without(&base, &deleted, &queries, metric, a.k);
-        println!("ground truth: brute force over the {} remaining rows", base.len() - deleted.len());
-    }
-
-    let sql = db::knn_sql(&a.table, op, a.k);
-    let plan = db::explain(&mut c, &sql, queries.row(0))?;
+/// Prints the plan's nodes, and a warning when it does not use the index.
+fn show_plan(c: &mut postgres::Client, sql: &str, queries: &Vectors, index: &str) -> Result<(), String> {
+    let plan = db::explain(c, sql, queries.row(0))?;
     let uses_index = plan.iter().any(|l| l.contains(&format!("Index Scan using {index}")));
     // the plan nodes only: their detail lines repeat the whole query vector
     let nodes: Vec<&str> = plan
@@ -161,23 +191,30 @@ fn run(a: &Args) -> Result<(), String> {
     if !uses_index {
         println!("WARNING: the planner does not use {index} for this query; the numbers below are not the index's");
     }
-    drop(c);
+    Ok(())
+}
 
+/// Every ef_search setting over all clients: the table, a few answers, and
+/// the measurements. A deleted row returned is an error.
+fn sweep(
+    a: &Args,
+    sql: &str,
+    metric: Metric,
+    base: &Vectors,
+    queries: &Vectors,
+    gt: &[Truth],
+    deleted: &std::collections::HashSet<i32>,
+) -> Result<Vec<Point>, String> {
     let mut clients: Vec<postgres::Client> = (0..a.clients).map(|_| db::connect(a, false)).collect::<Result<_, _>>()?;
-    let mut points = Vec::new();
-    let mut last_answers = Vec::new();
+    let (mut points, mut last_answers) = (Vec::new(), Vec::new());
     println!();
+    let recall_k = format!("recall@{}", a.k);
     println!(
         "{:>10} {:>10} {:>11} {:>9} {:>8} {:>8}",
-        "ef_search",
-        format!("recall@{}", a.k),
-        "queries/s",
-        "mean ms",
-        "p50 ms",
-        "p99 ms"
+        "ef_search", recall_k, "queries/s", "mean ms", "p50 ms", "p99 ms"
     );
     for (i, ef) in a.ef.iter().enumerate() {
-        let (p, answers) = sweep_point(a, &mut clients, &sql, *ef, metric, &base, &queries, &gt)?;
+        let (p, answers) = sweep_point(a, &mut clients, sql, *ef, metric, base, queries, gt)?;
         let returned_deleted = answers.iter().flatten().filter(|r| deleted.contains(&r.0)).count();
         if returned_deleted > 0 {
             return Err(format!("ef_search {}: {returned_deleted} deleted rows returned", p.ef));
@@ -191,14 +228,8 @@ fn run(a: &Args) -> Result<(), String> {
         );
         points.push(p);
     }
-    print_examples(a, &gt, &last_answers);
-
-    if let Some(path) = &a.csv {
-        write_csv(path, a, &spec.name, &base, metric, build_s, index_bytes, &points)
-            .map_err(|e| format!("{}: {e}", path.display()))?;
-        println!("\nwrote {}", path.display());
-    }
-    Ok(())
+    print_examples(a, gt, &last_answers);
+    Ok(points)
 }
 
 /// Runs every query at one ef_search over all clients: the measurements and

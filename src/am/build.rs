@@ -16,8 +16,8 @@ use pgrx::prelude::*;
 use super::construct::{construct, Device};
 use super::options;
 use super::vector::{at_tid, check_dim, checked};
+use crate::storage::codec::tid_to_payload;
 use crate::storage::meta::{Meta, PHASES};
-use crate::storage::page_store::tid_to_payload;
 use crate::storage::writer;
 
 const PHASE_LOAD: i64 = 2;

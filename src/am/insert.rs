@@ -7,8 +7,9 @@ use pgrx::prelude::*;
 
 use super::options;
 use super::vector::{at_tid, check_dim, checked};
+use crate::storage::codec::tid_to_payload;
 use crate::storage::meta::Meta;
-use crate::storage::page_store::{tid_to_payload, PageStore};
+use crate::storage::page_store::PageStore;
 
 /// Beam of the neighbour search for a new row: wider than a query's because
 /// the new node's list is built from it once and kept.

@@ -16,8 +16,9 @@ use pgrx::PgMemoryContexts;
 
 use super::vector::{check_dim, checked};
 use crate::gucs::{IterativeScan, EF_SEARCH, ITERATIVE_SCAN};
+use crate::storage::codec::payload_to_tid;
 use crate::storage::meta::Meta;
-use crate::storage::page_store::{payload_to_tid, PageStore};
+use crate::storage::page_store::PageStore;
 use crate::worker;
 
 struct ScanState {

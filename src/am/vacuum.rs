@@ -8,8 +8,9 @@ use gpu_graph_engine::store::{GraphMut, GraphView};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 
+use crate::storage::codec::payload_to_tid;
 use crate::storage::meta::{Meta, FREE_CAP};
-use crate::storage::page_store::{payload_to_tid, PageStore};
+use crate::storage::page_store::PageStore;
 
 fn stats_or_new(stats: *mut pg_sys::IndexBulkDeleteResult) -> *mut pg_sys::IndexBulkDeleteResult {
     if stats.is_null() {

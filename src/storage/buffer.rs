@@ -2,11 +2,11 @@
 //!
 //! Every page of the index uses the whole area after the page header as
 //! contents, with pd_lower = pd_upper = BLCKSZ so that neither GenericXLog nor
-//! log_newpage_range mistakes any of it for a hole.
+//! log_newpage_range mistakes any of it for a hole (`codec` formats them).
 
 use pgrx::pg_sys;
 
-use super::layout::{BLCKSZ, PAGE_HEADER};
+use super::codec::{PageMut, PageRef};
 
 /// A pinned buffer with its content lock held; both released on drop.
 pub struct Locked {
@@ -17,21 +17,74 @@ impl Locked {
     /// # Safety
     /// `rel` must be an open index relation and `block` exist in it.
     pub unsafe fn read(rel: pg_sys::Relation, block: u32, exclusive: bool) -> Locked {
-        let buf = pg_sys::ReadBufferExtended(
-            rel,
-            pg_sys::ForkNumber::MAIN_FORKNUM,
-            block,
-            pg_sys::ReadBufferMode::RBM_NORMAL,
-            std::ptr::null_mut(),
-        );
         let mode = if exclusive { pg_sys::BUFFER_LOCK_EXCLUSIVE } else { pg_sys::BUFFER_LOCK_SHARE };
-        pg_sys::LockBuffer(buf, mode as i32);
-        Locked { buf }
+        // SAFETY: `rel` is an open relation (the caller's contract); a block
+        // that does not exist is an ERROR of ReadBufferExtended, and the
+        // buffer it returns is pinned, so it can be locked.
+        unsafe {
+            let buf = pg_sys::ReadBufferExtended(
+                rel,
+                pg_sys::ForkNumber::MAIN_FORKNUM,
+                block,
+                pg_sys::ReadBufferMode::RBM_NORMAL,
+                std::ptr::null_mut(),
+            );
+            pg_sys::LockBuffer(buf, mode as i32);
+            Locked { buf }
+        }
     }
 
-    /// The page's contents (after the header), read-only view.
-    pub fn contents(&self) -> *const u8 {
-        unsafe { (pg_sys::BufferGetPage(self.buf) as *const u8).add(PAGE_HEADER) }
+    /// Extends the relation's `fork` by one page, returned locked
+    /// exclusively (PageInit not done: the caller formats it).
+    ///
+    /// # Safety
+    /// `rel` must be an open index relation; in the main fork, the caller
+    /// serialises extension (the relation extension lock, or a relation no
+    /// one else can see yet).
+    pub unsafe fn extend(rel: pg_sys::Relation, fork: pg_sys::ForkNumber::Type) -> Locked {
+        // SAFETY: as for `read`; P_NEW makes ReadBufferExtended add a block.
+        unsafe {
+            let buf = pg_sys::ReadBufferExtended(
+                rel,
+                fork,
+                pg_sys::InvalidBlockNumber, // P_NEW
+                pg_sys::ReadBufferMode::RBM_NORMAL,
+                std::ptr::null_mut(),
+            );
+            pg_sys::LockBuffer(buf, pg_sys::BUFFER_LOCK_EXCLUSIVE as i32);
+            Locked { buf }
+        }
+    }
+
+    pub fn block(&self) -> pg_sys::BlockNumber {
+        // SAFETY: the buffer is pinned while `self` lives.
+        unsafe { pg_sys::BufferGetBlockNumber(self.buf) }
+    }
+
+    /// The page in the buffer, read in place.
+    ///
+    /// # Safety
+    /// Nothing may write the buffer while the view lives: under an exclusive
+    /// lock, no GenericXLogFinish or in-place write of this buffer meanwhile.
+    pub unsafe fn page(&self) -> PageRef<'_> {
+        // SAFETY: the buffer is pinned and locked while `self` lives, so its
+        // page is a MAXALIGNed BLCKSZ image no other process writes; this
+        // process does not either (the caller's contract).
+        unsafe { PageRef::new(pg_sys::BufferGetPage(self.buf)) }
+    }
+
+    /// The page in the buffer, written in place (no GenericXLog: a bulk
+    /// write that logs whole pages itself).
+    ///
+    /// # Safety
+    /// The lock must be exclusive, and no other view of this buffer's page
+    /// may live meanwhile.
+    #[allow(clippy::mut_from_ref)]
+    pub unsafe fn page_mut(&self) -> PageMut<'_> {
+        // SAFETY: the buffer is pinned and locked exclusively while `self`
+        // lives, so no other process reads or writes its page; this process
+        // holds no other view of it (the caller's contract).
+        unsafe { PageMut::new(pg_sys::BufferGetPage(self.buf)) }
     }
 }
 
@@ -39,27 +92,13 @@ impl Drop for Locked {
     fn drop(&mut self) {
         // on an ERROR, PostgreSQL's abort releases locks and pins itself
         if !std::thread::panicking() {
+            // SAFETY: `self` holds the pin and the lock this releases, once.
             unsafe { pg_sys::UnlockReleaseBuffer(self.buf) };
         }
     }
 }
 
-/// Formats a page as an index page whose whole contents area is data.
-///
-/// # Safety
-/// `page` must point at BLCKSZ writable bytes.
-pub unsafe fn init_page(page: pg_sys::Page) {
-    pg_sys::PageInit(page, BLCKSZ, 0);
-    let header = page as *mut pg_sys::PageHeaderData;
-    (*header).pd_lower = BLCKSZ as u16;
-}
-
-/// Contents pointer of a page image.
-pub fn page_contents(page: pg_sys::Page) -> *mut u8 {
-    unsafe { (page as *mut u8).add(PAGE_HEADER) }
-}
-
-/// One GenericXLog record over up to four locked buffers.
+/// One GenericXLog record over one locked buffer.
 pub struct Xlog {
     state: *mut pg_sys::GenericXLogState,
 }
@@ -68,15 +107,24 @@ impl Xlog {
     /// # Safety
     /// `rel` must be an open index relation.
     pub unsafe fn start(rel: pg_sys::Relation) -> Xlog {
-        Xlog { state: pg_sys::GenericXLogStart(rel) }
+        // SAFETY: `rel` is an open relation (the caller's contract).
+        Xlog { state: unsafe { pg_sys::GenericXLogStart(rel) } }
     }
-    /// Registers a buffer locked exclusively by the caller; returns the page
-    /// image to modify. `fresh` logs the full image (a new page).
-    pub fn register(&mut self, locked: &Locked, fresh: bool) -> pg_sys::Page {
+
+    /// Registers a buffer locked exclusively by the caller; returns the image
+    /// of its page to modify, which the record applies at [`Xlog::finish`].
+    /// `fresh` logs the full image (a new page).
+    pub fn register(&mut self, locked: &Locked, fresh: bool) -> PageMut<'_> {
         let flags = if fresh { pg_sys::GENERIC_XLOG_FULL_IMAGE as i32 } else { 0 };
-        unsafe { pg_sys::GenericXLogRegisterBuffer(self.state, locked.buf, flags) }
+        // SAFETY: the state is live until finish or drop, which take `self`;
+        // the buffer is pinned and locked (`locked`). The image returned is
+        // the state's own MAXALIGNed copy of the page, which only the view
+        // uses until the borrow of `self` ends.
+        unsafe { PageMut::new(pg_sys::GenericXLogRegisterBuffer(self.state, locked.buf, flags)) }
     }
+
     pub fn finish(self) {
+        // SAFETY: the state is live (finish consumes it; forget skips the abort).
         unsafe { pg_sys::GenericXLogFinish(self.state) };
         std::mem::forget(self);
     }
@@ -85,6 +133,7 @@ impl Xlog {
 impl Drop for Xlog {
     fn drop(&mut self) {
         if !std::thread::panicking() {
+            // SAFETY: the state is live: finish forgets `self` instead of dropping it.
             unsafe { pg_sys::GenericXLogAbort(self.state) };
         }
     }

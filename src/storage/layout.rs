@@ -8,6 +8,9 @@
 //! VACUUM can never pair one row's TID with another row's distance).
 //! Separating lists from vectors keeps every node a fixed size up to 2000
 //! dimensions, where list and vector together would not fit a page.
+//!
+//! This file says which page holds a node and how many of each fit; where
+//! in the page and in which bytes is the codec's (`codec`).
 
 pub const BLCKSZ: usize = pgrx::pg_sys::BLCKSZ as usize;
 /// Page header, MAXALIGNed.
@@ -44,16 +47,9 @@ impl Layout {
     pub fn graph_block(&self, node: u32) -> u32 {
         1 + (node as usize / self.per_chunk * self.pages_per_chunk) as u32
     }
-    /// Byte offset of the node's list in its graph page's contents.
-    pub fn graph_offset(&self, node: u32) -> usize {
-        node as usize % self.per_chunk * 4 * self.degree
-    }
     pub fn vector_block(&self, node: u32) -> u32 {
         let slot = node as usize % self.per_chunk;
         self.graph_block(node) + 1 + (slot / self.per_vector_page) as u32
-    }
-    pub fn vector_offset(&self, node: u32) -> usize {
-        node as usize % self.per_chunk % self.per_vector_page * self.vector_size()
     }
 }
 

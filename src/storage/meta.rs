@@ -5,7 +5,7 @@ use gpu_graph_engine::params::BuildParams;
 use gpu_graph_engine::NO_NODE;
 use pgrx::pg_sys;
 
-use super::buffer::{init_page, page_contents, Locked, Xlog};
+use super::buffer::{Locked, Xlog};
 use super::layout::Layout;
 
 pub const MAGIC: u32 = 0x4750_4752; // "GPGR"
@@ -118,25 +118,18 @@ impl Meta {
     /// # Safety
     /// `rel` must be an open gpu_graph index.
     pub unsafe fn read(rel: pg_sys::Relation) -> Meta {
-        let b = Locked::read(rel, 0, false);
-        Self::from_page(b.contents())
+        // SAFETY: `rel` is an open index (the caller's contract), block 0 its
+        // meta page; the view is dropped before the shared lock is.
+        let m = unsafe { Locked::read(rel, 0, false).page().meta() };
+        m.checked()
     }
 
-    unsafe fn from_page(p: *const u8) -> Meta {
-        let m = std::ptr::read_unaligned(p as *const Meta);
-        if m.magic != MAGIC || m.version != FORMAT_VERSION {
+    /// `self`, or an ERROR when it is not a meta page of this format.
+    pub fn checked(self) -> Meta {
+        if self.magic != MAGIC || self.version != FORMAT_VERSION {
             pgrx::error!("gpu_graph: the index's meta page is not of format {FORMAT_VERSION}; REINDEX it");
         }
-        m
-    }
-
-    /// Writes `self` into a fresh page image.
-    ///
-    /// # Safety
-    /// `page` must be a BLCKSZ page image.
-    pub unsafe fn write_fresh(&self, page: pg_sys::Page) {
-        init_page(page);
-        std::ptr::write_unaligned(page_contents(page) as *mut Meta, *self);
+        self
     }
 
     /// Reads the meta page under an exclusive lock, lets `f` change it, and
@@ -145,15 +138,20 @@ impl Meta {
     /// # Safety
     /// `rel` must be an open gpu_graph index.
     pub unsafe fn update<T>(rel: pg_sys::Relation, f: impl FnOnce(&mut Meta) -> T) -> T {
-        let b = Locked::read(rel, 0, true);
-        let mut m = Self::from_page(b.contents());
-        let out = f(&mut m);
-        m.generation += 1;
-        let mut x = Xlog::start(rel);
-        let page = x.register(&b, false);
-        std::ptr::write_unaligned(page_contents(page) as *mut Meta, m);
-        x.finish();
-        out
+        // SAFETY: `rel` is an open index (the caller's contract), block 0 its
+        // meta page. The page is read before the record registers it and
+        // written only through the record's copy, so no view of the buffer
+        // lives across GenericXLogFinish.
+        unsafe {
+            let b = Locked::read(rel, 0, true);
+            let mut m = b.page().meta().checked();
+            let out = f(&mut m);
+            m.generation += 1;
+            let mut x = Xlog::start(rel);
+            x.register(&b, false).put_meta(&m);
+            x.finish();
+            out
+        }
     }
 }
 

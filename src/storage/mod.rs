@@ -1,8 +1,16 @@
 //! The index's pages: the meta page, node pages laid out so that a node id
 //! maps to its page by arithmetic, WAL through GenericXLog, and the engine's
 //! storage traits over PostgreSQL buffers.
+//!
+//! - [`layout`]: which page holds node `n`
+//! - [`codec`]: what a page's bytes mean (lists, vector tuples, the meta page)
+//! - [`buffer`]: locked buffers and GenericXLog records
+//! - [`meta`]: the meta page
+//! - [`page_store`]: the engine's storage traits over buffers
+//! - [`writer`]: a whole index at once (CREATE INDEX)
 
 pub mod buffer;
+pub mod codec;
 pub mod layout;
 pub mod meta;
 pub mod page_store;

@@ -11,100 +11,32 @@ use gpu_graph_engine::store::{GraphMut, GraphView, Visit};
 use gpu_graph_engine::NO_NODE;
 use pgrx::pg_sys;
 
-use super::buffer::{init_page, page_contents, Locked, Xlog};
-use super::layout::{Layout, FLAG_DELETED, FLAG_FREE, VECTOR_HEADER};
+use super::buffer::{Locked, Xlog};
+use super::layout::{Layout, FLAG_DELETED, FLAG_FREE};
 use super::meta::{Meta, FREE_CAP};
 
-/// A heap TID packed in the engine's u64 payload: block << 16 | offset.
-pub fn tid_to_payload(tid: &pg_sys::ItemPointerData) -> u64 {
-    let block = ((tid.ip_blkid.bi_hi as u64) << 16) | tid.ip_blkid.bi_lo as u64;
-    (block << 16) | tid.ip_posid as u64
-}
-
-pub fn payload_to_tid(p: u64) -> pg_sys::ItemPointerData {
-    let block = (p >> 16) as u32;
-    pg_sys::ItemPointerData {
-        ip_blkid: pg_sys::BlockIdData { bi_hi: (block >> 16) as u16, bi_lo: block as u16 },
-        ip_posid: p as u16,
-    }
-}
-
-/// Header of a vector tuple: the TID as three u16 words, then the flags.
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct VectorHeader {
-    pub tid: [u16; 3],
-    pub flags: u16,
-}
-
-impl VectorHeader {
-    pub fn new(payload: u64, flags: u16) -> VectorHeader {
-        let t = payload_to_tid(payload);
-        VectorHeader { tid: [t.ip_blkid.bi_hi, t.ip_blkid.bi_lo, t.ip_posid], flags }
-    }
-    pub fn payload(&self) -> u64 {
-        let block = ((self.tid[0] as u64) << 16) | self.tid[1] as u64;
-        (block << 16) | self.tid[2] as u64
-    }
-}
-
-/// Writes one vector tuple at `p`.
-///
-/// # Safety
-/// `p` must point at `VECTOR_HEADER + 4 * v.len()` writable bytes, 4-aligned.
-pub unsafe fn write_vector_tuple(p: *mut u8, payload: u64, flags: u16, v: &[f32]) {
-    std::ptr::write(p as *mut VectorHeader, VectorHeader::new(payload, flags));
-    std::ptr::copy_nonoverlapping(v.as_ptr(), p.add(VECTOR_HEADER) as *mut f32, v.len());
-}
-
-/// Writes a neighbour list (padded with NO_NODE) at `p`.
-///
-/// # Safety
-/// `p` must point at `4 * degree` writable bytes, 4-aligned.
-pub unsafe fn write_list(p: *mut u8, list: &[u32], degree: usize) {
-    let out = std::slice::from_raw_parts_mut(p as *mut u32, degree);
-    for (i, slot) in out.iter_mut().enumerate() {
-        *slot = list.get(i).copied().unwrap_or(NO_NODE);
-    }
-}
-
-/// Formats the pages of a new chunk: an empty graph page, then vector pages
-/// whose every slot is free.
-///
-/// # Safety
-/// `pages` must be `layout.pages_per_chunk` BLCKSZ page images.
-pub unsafe fn format_chunk_page(page: pg_sys::Page, index_in_chunk: usize, layout: &Layout) {
-    init_page(page);
-    let c = page_contents(page);
-    if index_in_chunk == 0 {
-        write_list(c, &[], layout.degree * layout.per_chunk);
-    } else {
-        for slot in 0..layout.per_vector_page {
-            let p = c.add(slot * layout.vector_size());
-            std::ptr::write(p as *mut VectorHeader, VectorHeader::new(0, FLAG_FREE));
-        }
-    }
-}
-
 pub struct PageStore {
+    /// an open gpu_graph index, for as long as the store is used
     pub rel: pg_sys::Relation,
     pub layout: Layout,
 }
 
 impl PageStore {
-    pub fn new(rel: pg_sys::Relation, meta: &Meta) -> PageStore {
+    /// # Safety
+    /// `rel` must be an open gpu_graph index whose meta page `meta` was read
+    /// from, and stay open while the store is used.
+    pub unsafe fn new(rel: pg_sys::Relation, meta: &Meta) -> PageStore {
         PageStore { rel, layout: meta.layout() }
     }
 
     /// Sets flags on a node's vector tuple, WAL-logged; returns the old flags.
     fn set_flags(&self, node: u32, f: impl FnOnce(u16) -> u16) -> u16 {
+        // SAFETY: `rel` is open (PageStore::new's contract); the buffer is
+        // locked exclusively and changed only through the record's copy.
         unsafe {
             let b = Locked::read(self.rel, self.layout.vector_block(node), true);
             let mut x = Xlog::start(self.rel);
-            let page = x.register(&b, false);
-            let h = page_contents(page).add(self.layout.vector_offset(node)) as *mut VectorHeader;
-            let old = (*h).flags;
-            (*h).flags = f(old);
+            let old = x.register(&b, false).set_flags(&self.layout, node, f);
             x.finish();
             old
         }
@@ -112,32 +44,28 @@ impl PageStore {
 
     /// Appends a new chunk's pages; the caller holds the meta page exclusively,
     /// which serialises allocation.
-    unsafe fn extend_chunk(&self, first_node: u32) {
-        pg_sys::LockRelationForExtension(self.rel, pg_sys::ExclusiveLock as i32);
+    fn extend_chunk(&self, first_node: u32) {
         let expected = self.layout.graph_block(first_node);
-        for i in 0..self.layout.pages_per_chunk {
-            let buf = pg_sys::ReadBufferExtended(
-                self.rel,
-                pg_sys::ForkNumber::MAIN_FORKNUM,
-                pg_sys::InvalidBlockNumber, // P_NEW
-                pg_sys::ReadBufferMode::RBM_NORMAL,
-                std::ptr::null_mut(),
-            );
-            pg_sys::LockBuffer(buf, pg_sys::BUFFER_LOCK_EXCLUSIVE as i32);
-            let b = Locked { buf };
-            let got = pg_sys::BufferGetBlockNumber(buf);
-            if got != expected + i as u32 {
-                pgrx::error!(
-                    "gpu_graph: index has unexpected block {got} (expected {}); REINDEX it",
-                    expected + i as u32
-                );
+        // SAFETY: `rel` is open (PageStore::new's contract); the relation
+        // extension lock serialises extension with other backends, and each
+        // new page is written only through its record's copy.
+        unsafe {
+            pg_sys::LockRelationForExtension(self.rel, pg_sys::ExclusiveLock as i32);
+            for i in 0..self.layout.pages_per_chunk {
+                let b = Locked::extend(self.rel, pg_sys::ForkNumber::MAIN_FORKNUM);
+                let got = b.block();
+                if got != expected + i as u32 {
+                    pgrx::error!(
+                        "gpu_graph: index has unexpected block {got} (expected {}); REINDEX it",
+                        expected + i as u32
+                    );
+                }
+                let mut x = Xlog::start(self.rel);
+                x.register(&b, true).format_chunk_page(i, &self.layout);
+                x.finish();
             }
-            let mut x = Xlog::start(self.rel);
-            let page = x.register(&b, true);
-            format_chunk_page(page, i, &self.layout);
-            x.finish();
+            pg_sys::UnlockRelationForExtension(self.rel, pg_sys::ExclusiveLock as i32);
         }
-        pg_sys::UnlockRelationForExtension(self.rel, pg_sys::ExclusiveLock as i32);
     }
 }
 
@@ -149,35 +77,33 @@ impl GraphView for PageStore {
         self.layout.degree
     }
     fn node_count(&self) -> u32 {
+        // SAFETY: `rel` is an open gpu_graph index (PageStore::new's contract).
         unsafe { Meta::read(self.rel).node_count }
     }
     fn entry(&self) -> Option<u32> {
+        // SAFETY: as in node_count.
         unsafe { Meta::read(self.rel).entry() }
     }
     fn visit<F: FnOnce(&[f32]) -> f32>(&self, node: u32, dist: F) -> Option<Visit> {
+        // SAFETY: `rel` is open (PageStore::new's contract); the view lives
+        // under the share lock of `b`, and this process does not write the
+        // buffer meanwhile.
         unsafe {
             let b = Locked::read(self.rel, self.layout.vector_block(node), false);
-            let p = b.contents().add(self.layout.vector_offset(node));
-            let h = std::ptr::read(p as *const VectorHeader);
-            if h.flags & FLAG_FREE != 0 {
+            let t = b.page().tuple(&self.layout, node);
+            if t.header.flags & FLAG_FREE != 0 {
                 return None;
             }
-            let v = std::slice::from_raw_parts(p.add(VECTOR_HEADER) as *const f32, self.layout.stored_dim);
-            Some(Visit { dist: dist(v), payload: h.payload(), deleted: h.flags & FLAG_DELETED != 0 })
+            let deleted = t.header.flags & FLAG_DELETED != 0;
+            Some(Visit { dist: dist(t.vector), payload: t.header.payload(), deleted })
         }
     }
     fn neighbors(&self, node: u32, out: &mut Vec<u32>) {
         out.clear();
+        // SAFETY: as in visit.
         unsafe {
             let b = Locked::read(self.rel, self.layout.graph_block(node), false);
-            let p = b.contents().add(self.layout.graph_offset(node)) as *const u32;
-            for i in 0..self.layout.degree {
-                let n = *p.add(i);
-                if n == NO_NODE {
-                    break;
-                }
-                out.push(n);
-            }
+            out.extend(b.page().neighbors(&self.layout, node));
         }
     }
 }
@@ -185,55 +111,54 @@ impl GraphView for PageStore {
 impl GraphMut for PageStore {
     fn allocate(&self, stored: &[f32], payload: u64) -> u32 {
         assert_eq!(stored.len(), self.layout.stored_dim);
+        // SAFETY: `rel` is an open gpu_graph index (PageStore::new's
+        // contract); the meta page's exclusive lock is held while the id is
+        // taken and the chunk extended.
         let node = unsafe {
-            let meta_buf = Locked::read(self.rel, 0, true);
-            let mut m = std::ptr::read_unaligned(meta_buf.contents() as *const Meta);
-            let node = if m.free_count > 0 {
-                m.free_count -= 1;
-                m.free[m.free_count as usize]
-            } else {
-                let n = m.node_count;
-                if n as usize % self.layout.per_chunk == 0 {
-                    self.extend_chunk(n);
+            Meta::update(self.rel, |m| {
+                if m.free_count > 0 {
+                    m.free_count -= 1;
+                    m.free[m.free_count as usize]
+                } else {
+                    let n = m.node_count;
+                    if (n as usize).is_multiple_of(self.layout.per_chunk) {
+                        self.extend_chunk(n);
+                    }
+                    m.node_count += 1;
+                    n
                 }
-                m.node_count += 1;
-                n
-            };
-            m.generation += 1;
-            let mut x = Xlog::start(self.rel);
-            let page = x.register(&meta_buf, false);
-            std::ptr::write_unaligned(page_contents(page) as *mut Meta, m);
-            x.finish();
-            node
+            })
         };
+        // SAFETY: as in set_flags.
         unsafe {
             let b = Locked::read(self.rel, self.layout.vector_block(node), true);
             let mut x = Xlog::start(self.rel);
-            let page = x.register(&b, false);
-            write_vector_tuple(page_contents(page).add(self.layout.vector_offset(node)), payload, 0, stored);
+            x.register(&b, false).put_tuple(&self.layout, node, payload, 0, stored);
             x.finish();
         }
         node
     }
 
     fn update_neighbors(&self, node: u32, f: &mut dyn FnMut(&mut Vec<u32>) -> bool) {
+        // SAFETY: `rel` is open (PageStore::new's contract). The list is
+        // copied out under the exclusive lock and that view dropped before
+        // the record registers the buffer; the change goes through the
+        // record's copy.
         unsafe {
             let b = Locked::read(self.rel, self.layout.graph_block(node), true);
-            let off = self.layout.graph_offset(node);
-            let p = b.contents().add(off) as *const u32;
-            let mut list: Vec<u32> = (0..self.layout.degree).map(|i| *p.add(i)).take_while(|&n| n != NO_NODE).collect();
+            let mut list: Vec<u32> = b.page().neighbors(&self.layout, node).collect();
             if !f(&mut list) {
                 return;
             }
             list.truncate(self.layout.degree);
             let mut x = Xlog::start(self.rel);
-            let page = x.register(&b, false);
-            write_list(page_contents(page).add(off), &list, self.layout.degree);
+            x.register(&b, false).put_list(&self.layout, node, &list);
             x.finish();
         }
     }
 
     fn set_entry(&self, node: Option<u32>) {
+        // SAFETY: `rel` is an open gpu_graph index (PageStore::new's contract).
         unsafe { Meta::update(self.rel, |m| m.entry = node.unwrap_or(NO_NODE)) }
     }
 
@@ -247,6 +172,7 @@ impl GraphMut for PageStore {
             true
         });
         self.set_flags(node, |_| FLAG_FREE);
+        // SAFETY: `rel` is an open gpu_graph index (PageStore::new's contract).
         unsafe {
             Meta::update(self.rel, |m| {
                 // ids beyond the free list's capacity stay free slots until a

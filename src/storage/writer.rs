@@ -10,24 +10,13 @@
 use gpu_graph_engine::graph::Graph;
 use pgrx::pg_sys;
 
-use super::buffer::{page_contents, Locked, Xlog};
+use super::buffer::{Locked, Xlog};
+use super::codec::PageMut;
 use super::layout::Layout;
 use super::meta::Meta;
-use super::page_store::{format_chunk_page, write_list, write_vector_tuple};
-
-unsafe fn new_buffer(rel: pg_sys::Relation, fork: pg_sys::ForkNumber::Type) -> Locked {
-    let buf = pg_sys::ReadBufferExtended(
-        rel,
-        fork,
-        pg_sys::InvalidBlockNumber, // P_NEW
-        pg_sys::ReadBufferMode::RBM_NORMAL,
-        std::ptr::null_mut(),
-    );
-    pg_sys::LockBuffer(buf, pg_sys::BUFFER_LOCK_EXCLUSIVE as i32);
-    Locked { buf }
-}
 
 fn needs_wal(rel: pg_sys::Relation) -> bool {
+    // SAFETY: an open relation's relcache entry (every caller's `rel`) has its pg_class row.
     unsafe { (*(*rel).rd_rel).relpersistence as u8 == pg_sys::RELPERSISTENCE_PERMANENT }
 }
 
@@ -42,7 +31,9 @@ impl Batch {
     /// XLR_MAX_BLOCK_ID: the most pages one record can carry.
     const MAX: usize = 32;
 
-    fn new(rel: pg_sys::Relation) -> Batch {
+    /// # Safety
+    /// `rel` must be an open index relation, open while the batch lives.
+    unsafe fn new(rel: pg_sys::Relation) -> Batch {
         Batch { rel, wal: needs_wal(rel), pages: Vec::with_capacity(Self::MAX) }
     }
     fn push(&mut self, b: Locked) {
@@ -57,9 +48,13 @@ impl Batch {
         if self.pages.is_empty() {
             return;
         }
+        let mut blocks: Vec<pg_sys::BlockNumber> = self.pages.iter().map(Locked::block).collect();
+        // SAFETY: `rel` is open (Batch::new's contract); every buffer in the
+        // batch is pinned and locked exclusively, and no view of its page
+        // lives any more (the writers' end before they push). No ERROR can
+        // come between marking the buffers dirty and logging them: a
+        // critical section makes one a PANIC, as in log_newpage_range.
         unsafe {
-            let mut blocks: Vec<pg_sys::BlockNumber> =
-                self.pages.iter().map(|b| pg_sys::BufferGetBlockNumber(b.buf)).collect();
             let mut images: Vec<pg_sys::Page> = self.pages.iter().map(|b| pg_sys::BufferGetPage(b.buf)).collect();
             pg_sys::CritSectionCount += 1;
             for b in &self.pages {
@@ -104,33 +99,35 @@ pub unsafe fn write_vector_pages(
 ) {
     let layout: Layout = meta.layout();
     let n = payloads.len();
-    let mut batch = Batch::new(rel);
-    {
-        let b = new_buffer(rel, pg_sys::ForkNumber::MAIN_FORKNUM);
-        meta.write_fresh(pg_sys::BufferGetPage(b.buf));
-        batch.push(b);
-    }
+    // SAFETY: `rel` is open (the caller's contract).
+    let mut batch = unsafe { Batch::new(rel) };
+    // SAFETY: `rel` is a new index no other backend can see, so extending it
+    // needs no lock; each new page is locked exclusively and written through
+    // its one view, which ends before the page joins the batch.
+    let new_page = |format: &mut dyn FnMut(&mut PageMut)| unsafe {
+        let b = Locked::extend(rel, pg_sys::ForkNumber::MAIN_FORKNUM);
+        format(&mut b.page_mut());
+        b
+    };
+    batch.push(new_page(&mut |p| p.format_meta(meta)));
     let sd = layout.stored_dim;
     for c in 0..n.div_ceil(layout.per_chunk) {
         let first = c * layout.per_chunk;
         let last = (first + layout.per_chunk).min(n);
-        for i in 0..layout.pages_per_chunk {
-            let b = new_buffer(rel, pg_sys::ForkNumber::MAIN_FORKNUM);
-            let page = pg_sys::BufferGetPage(b.buf);
-            format_chunk_page(page, i, &layout);
-            if i > 0 {
-                let contents = page_contents(page);
-                let lo = first + (i - 1) * layout.per_vector_page;
-                let hi = (lo + layout.per_vector_page).min(last);
+        // the graph page, logged when it is filled
+        let graph = new_page(&mut |p| p.format_chunk_page(0, &layout));
+        // SAFETY: the buffer is pinned and locked exclusively (`graph`).
+        unsafe { pg_sys::MarkBufferDirty(graph.buf) };
+        drop(graph);
+        for i in 1..layout.pages_per_chunk {
+            let lo = first + (i - 1) * layout.per_vector_page;
+            let hi = (lo + layout.per_vector_page).min(last);
+            batch.push(new_page(&mut |p| {
+                p.format_chunk_page(i, &layout);
                 for node in lo..hi {
-                    let v = &stored[node * sd..(node + 1) * sd];
-                    write_vector_tuple(contents.add(layout.vector_offset(node as u32)), payloads[node], 0, v);
+                    p.put_tuple(&layout, node as u32, payloads[node], 0, &stored[node * sd..(node + 1) * sd]);
                 }
-                batch.push(b);
-            } else {
-                // logged when it is filled
-                pg_sys::MarkBufferDirty(b.buf);
-            }
+            }));
         }
         progress(last as u32);
     }
@@ -143,16 +140,22 @@ pub unsafe fn write_vector_pages(
 /// As for [`write_vector_pages`], after it.
 pub unsafe fn write_graph_pages(rel: pg_sys::Relation, layout: &Layout, graph: &Graph, progress: &mut dyn FnMut(u32)) {
     let n = graph.len();
-    let mut batch = Batch::new(rel);
+    // SAFETY: `rel` is open (the caller's contract).
+    let mut batch = unsafe { Batch::new(rel) };
     let mut list = Vec::with_capacity(layout.degree);
     for first in (0..n).step_by(layout.per_chunk.max(1)) {
-        let b = Locked::read(rel, layout.graph_block(first as u32), true);
-        let contents = pg_sys::BufferGetPage(b.buf) as *mut u8;
-        let contents = contents.add(super::layout::PAGE_HEADER);
-        for node in first..(first + layout.per_chunk).min(n) {
-            list.clear();
-            list.extend(graph.neighbors(node as u32));
-            write_list(contents.add(layout.graph_offset(node as u32)), &list, layout.degree);
+        // SAFETY: the graph page exists (write_vector_pages wrote it); it is
+        // locked exclusively and written through its one view, which ends
+        // before the page joins the batch.
+        let b = unsafe { Locked::read(rel, layout.graph_block(first as u32), true) };
+        {
+            // SAFETY: as above.
+            let mut page = unsafe { b.page_mut() };
+            for node in first..(first + layout.per_chunk).min(n) {
+                list.clear();
+                list.extend(graph.neighbors(node as u32));
+                page.put_list(layout, node as u32, &list);
+            }
         }
         batch.push(b);
         progress((first + layout.per_chunk).min(n) as u32);
@@ -165,9 +168,12 @@ pub unsafe fn write_graph_pages(rel: pg_sys::Relation, layout: &Layout, graph: &
 /// # Safety
 /// `rel` must be an unlogged gpu_graph index without an init fork yet.
 pub unsafe fn write_init_fork(rel: pg_sys::Relation, meta: &Meta) {
-    let b = new_buffer(rel, pg_sys::ForkNumber::INIT_FORKNUM);
-    let mut x = Xlog::start(rel);
-    let page = x.register(&b, true);
-    meta.write_fresh(page);
-    x.finish();
+    // SAFETY: `rel` is open and its init fork new (the caller's contract); the
+    // page is written through the record's copy.
+    unsafe {
+        let b = Locked::extend(rel, pg_sys::ForkNumber::INIT_FORKNUM);
+        let mut x = Xlog::start(rel);
+        x.register(&b, true).format_meta(meta);
+        x.finish();
+    }
 }

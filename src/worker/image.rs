@@ -25,9 +25,9 @@ use gpu_graph_engine::metric::Metric;
 use pgrx::pg_sys;
 
 use super::ring::Request;
-use crate::storage::layout::{Layout, PAGE_HEADER, VECTOR_HEADER};
+use crate::storage::codec::PageRef;
+use crate::storage::layout::Layout;
 use crate::storage::meta::{Meta, FORMAT_VERSION, MAGIC};
-use crate::storage::page_store::VectorHeader;
 
 /// Which index: its RelFileNode (tablespace, database, relation).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -167,8 +167,7 @@ impl Loader {
         if blocks == 0 {
             return Begin::NotNow; // dropped: the file is kept empty until the next checkpoint
         }
-        let mut m: Meta = std::mem::zeroed();
-        l.read_block(0, |p| m = std::ptr::read_unaligned(p as *const Meta));
+        let m: Meta = l.read_block(0, |p| p.meta());
         if m.magic != MAGIC || m.version != FORMAT_VERSION || Metric::from_code(m.metric).is_none() {
             return Begin::NotNow;
         }
@@ -199,7 +198,11 @@ impl Loader {
         self.image.as_ref().map_or(0, FlatIndex::bytes)
     }
 
-    unsafe fn read_block(&self, block: u32, f: impl FnOnce(*const u8)) {
+    /// Calls `f` on block `block` of the index, under a share lock.
+    ///
+    /// # Safety
+    /// As for [`Loader::begin`], and the block must exist.
+    unsafe fn read_block<T>(&self, block: u32, f: impl FnOnce(PageRef) -> T) -> T {
         let buf = pg_sys::ReadBufferWithoutRelcache(
             self.rnode,
             pg_sys::ForkNumber::MAIN_FORKNUM,
@@ -209,8 +212,9 @@ impl Loader {
             self.permanent,
         );
         pg_sys::LockBuffer(buf, pg_sys::BUFFER_LOCK_SHARE as i32);
-        f((pg_sys::BufferGetPage(buf) as *const u8).add(PAGE_HEADER));
+        let out = f(PageRef::new(pg_sys::BufferGetPage(buf)));
         pg_sys::UnlockReleaseBuffer(buf);
+        out
     }
 
     /// Reads up to `budget` more pages; true when the copy is complete.
@@ -231,23 +235,16 @@ impl Loader {
             self.read_block(b, |p| {
                 if page == 0 {
                     for node in first..chunk_end {
-                        let list = p.add(l.graph_offset(node as u32)) as *const u32;
-                        let out = &mut image.graph.adjacency[node * l.degree..(node + 1) * l.degree];
-                        std::ptr::copy_nonoverlapping(list, out.as_mut_ptr(), l.degree);
+                        image.graph.adjacency[node * l.degree..(node + 1) * l.degree]
+                            .copy_from_slice(p.list(&l, node as u32));
                     }
                 } else {
                     let lo = first + (page - 1) * l.per_vector_page;
                     for node in lo..(lo + l.per_vector_page).min(chunk_end) {
-                        let t = p.add(l.vector_offset(node as u32));
-                        let h = std::ptr::read_unaligned(t as *const VectorHeader);
+                        let t = p.tuple(&l, node as u32);
                         // the page's flags are the engine's node flags, widened
-                        image.flags[node] = h.flags as u8;
-                        let out = &mut image.vectors[node * l.stored_dim..(node + 1) * l.stored_dim];
-                        std::ptr::copy_nonoverlapping(
-                            t.add(VECTOR_HEADER) as *const f32,
-                            out.as_mut_ptr(),
-                            l.stored_dim,
-                        );
+                        image.flags[node] = t.header.flags as u8;
+                        image.vectors[node * l.stored_dim..(node + 1) * l.stored_dim].copy_from_slice(t.vector);
                     }
                 }
             });

@@ -90,16 +90,7 @@ fn link_back<G: GraphMut>(store: &G, n: u32, id: u32) {
         let ids = current.iter().copied().chain([id]);
         let pruned: Vec<u32> =
             Candidates::collect(store, &own, ids).prune(usize::MAX, degree).iter().map(|k| k.0).collect();
-        let mut changed = false;
-        store.update_neighbors(n, &mut |list| {
-            if *list != current {
-                changed = true;
-                return false;
-            }
-            list.clone_from(&pruned);
-            true
-        });
-        if !changed {
+        if store.replace_neighbors_if(n, &current, &pruned) {
             return;
         }
     }

@@ -74,16 +74,7 @@ fn rebuild<G: GraphMut>(store: &G, v: u32, dead: &IdSet) -> bool {
             .iter()
             .map(|k| k.0)
             .collect();
-        let mut changed = false;
-        store.update_neighbors(v, &mut |l| {
-            if *l != current {
-                changed = true;
-                return false;
-            }
-            l.clone_from(&list);
-            true
-        });
-        if !changed {
+        if store.replace_neighbors_if(v, &current, &list) {
             return true;
         }
     }

@@ -36,6 +36,22 @@ pub trait GraphMut: GraphView {
     /// Reads the node's list, lets `f` change it and writes it back if `f`
     /// returns true, with no other change to that list in between.
     fn update_neighbors(&self, node: u32, f: &mut dyn FnMut(&mut Vec<u32>) -> bool);
+    /// Replaces the node's list with `new` only if it still equals `read`
+    /// (the list `new` was computed from); false when another writer changed
+    /// it meanwhile, and the caller computes again. How insert and repair
+    /// rewrite a list without holding its lock while they read other nodes.
+    fn replace_neighbors_if(&self, node: u32, read: &[u32], new: &[u32]) -> bool {
+        let mut replaced = false;
+        self.update_neighbors(node, &mut |list| {
+            replaced = list.as_slice() == read;
+            if replaced {
+                list.clear();
+                list.extend_from_slice(new);
+            }
+            replaced
+        });
+        replaced
+    }
     fn set_entry(&self, node: Option<u32>);
     fn mark_deleted(&self, node: u32);
     /// Makes a deleted node's slot free for reuse (its list is emptied).

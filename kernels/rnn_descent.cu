@@ -174,29 +174,36 @@ __device__ __forceinline__ WarpScratch scratch(u32 R) {
     return s;
 }
 
-// Loads v's pool slots into (cid, cd), skipping EMPTY and v itself; returns
-// the count. Whole warp.
-__device__ __forceinline__ u32 load_pool(const u64* __restrict__ pool, u32 v, u32 R, WarpScratch s, u32 lane,
-                                         u64 rseed, bool ascending) {
+// Calls emit(position, slot) for each slot of v's pool that holds a
+// candidate (not EMPTY, not v itself), the positions packed from 0 in slot
+// order; returns how many. Whole warp.
+template <typename Emit>
+__device__ __forceinline__ u32 live_slots(const u64* __restrict__ pool, u32 v, u32 R, u32 lane, Emit emit) {
     u32 k = 0;
     for (u32 base = 0; base < R; base += 32) {
-        u32 i = base + lane;
-        u64 sl = i < R ? pool[(size_t)v * R + i] : EMPTY_SLOT;
-        bool valid = sl != EMPTY_SLOT && slot_id(sl) != v;
-        u32 m = __ballot_sync(FULL_MASK, valid);
-        if (valid) {
-            u32 pos = k + __popc(m & lanemask_lt());
-            s.cid[pos] = (u32)sl;
-            s.cd[pos] = slot_dist(sl);
-            // Disordered propagation: a fresh random key per (round, v, id);
-            // or ascending distance (a distance's float bits order as the
-            // float; ties by position).
-            s.key[pos] = ascending ? (u32)(sl >> 32) : (u32)mix64(rseed ^ ((u64)v << 31) ^ (u64)slot_id(sl));
-        }
+        const u32 i = base + lane;
+        const u64 sl = i < R ? pool[(size_t)v * R + i] : EMPTY_SLOT;
+        const bool valid = sl != EMPTY_SLOT && slot_id(sl) != v;
+        const u32 m = __ballot_sync(FULL_MASK, valid);
+        if (valid) emit(k + __popc(m & lanemask_lt()), sl);
         k += __popc(m);
     }
     __syncwarp();
     return k;
+}
+
+// Loads v's pool into (cid, cd) with each candidate's sort key; returns the
+// count. Whole warp.
+__device__ __forceinline__ u32 load_pool(const u64* __restrict__ pool, u32 v, u32 R, WarpScratch s, u32 lane,
+                                         u64 rseed, bool ascending) {
+    return live_slots(pool, v, R, lane, [&](u32 pos, u64 sl) {
+        s.cid[pos] = (u32)sl;
+        s.cd[pos] = slot_dist(sl);
+        // Disordered propagation: a fresh random key per (round, v, id); or
+        // ascending distance (a distance's float bits order as the float;
+        // ties by position).
+        s.key[pos] = ascending ? (u32)(sl >> 32) : (u32)mix64(rseed ^ ((u64)v << 31) ^ (u64)slot_id(sl));
+    });
 }
 
 // One update round (Algorithm 4) for every vertex: one warp per vertex.
@@ -496,16 +503,8 @@ extern "C" __global__ void grnnd_finish(const u64* __restrict__ pool, u32 n, u32
     u64* keys = (u64*)s.cid;     // R keys: (distance bits, id), no flag
     u64* sorted = (u64*)s.key;   // R sorted keys
     u32* dupf = s.aid;           // R flags
-    u32 k = 0;
-    for (u32 base = 0; base < R; base += 32) {
-        u32 i = base + lane;
-        u64 sl = i < R ? pool[(size_t)v * R + i] : EMPTY_SLOT;
-        bool valid = sl != EMPTY_SLOT && slot_id(sl) != v;
-        u32 m = __ballot_sync(FULL_MASK, valid);
-        if (valid) keys[k + __popc(m & lanemask_lt())] = (sl & 0xFFFFFFFF00000000ull) | slot_id(sl);
-        k += __popc(m);
-    }
-    __syncwarp();
+    const u32 k =
+        live_slots(pool, v, R, lane, [&](u32 pos, u64 sl) { keys[pos] = (sl & 0xFFFFFFFF00000000ull) | slot_id(sl); });
     for (u32 i = lane; i < k; i += 32) {
         u64 ki = keys[i];
         u32 r = 0;

@@ -1,76 +1,152 @@
 //! gpu_graph_info(index): what the index is, how it was built, its shape,
 //! and whether the search worker holds a copy of it.
 
+use std::collections::BTreeMap;
+
 use gpu_graph_engine::store::GraphView;
 use pgrx::prelude::*;
 use pgrx::{pg_sys, JsonB};
-use serde_json::json;
+use serde::Serialize;
 
 use crate::storage::meta::{Meta, PHASES};
 use crate::storage::page_store::PageStore;
+use crate::worker::SearchInfo;
+
+/// The jsonb gpu_graph_info() returns. Floats are f64 (an f32 widened
+/// exactly), absent values null.
+#[derive(Serialize)]
+struct Info {
+    format_version: u32,
+    algorithm: &'static str,
+    metric: &'static str,
+    dimensions: u32,
+    degree: usize,
+    parameters: Parameters,
+    build: Build,
+    nodes: Nodes,
+    out_degree: OutDegree,
+    entry_point: Option<u32>,
+    generation: u64,
+    pages: u32,
+    search: SearchInfo,
+}
+
+#[derive(Serialize)]
+struct Parameters {
+    s: usize,
+    r: usize,
+    t1: usize,
+    t2: usize,
+    rho: f64,
+}
+
+#[derive(Serialize)]
+struct Build {
+    /// "cpu", "gpu", or "none" (an index built empty)
+    device: &'static str,
+    /// the GPU's name (a GPU build)
+    gpu: Option<String>,
+    /// the builder's threads (a CPU build)
+    threads: Option<u32>,
+    rows: u64,
+    /// "<phase> ms": milliseconds of each build phase
+    phases: BTreeMap<String, f64>,
+}
+
+#[derive(Serialize, Default)]
+struct Nodes {
+    allocated: u32,
+    live: u64,
+    deleted: u64,
+    free: u64,
+}
+
+#[derive(Serialize)]
+struct OutDegree {
+    mean: f64,
+    min: u64,
+    max: u64,
+}
+
+/// Counts the nodes by state and the out-degrees of the live ones.
+fn shape(store: &PageStore, meta: &Meta) -> (Nodes, OutDegree) {
+    let mut nodes = Nodes { allocated: meta.node_count, ..Nodes::default() };
+    let (mut edges, mut min, mut max) = (0u64, u64::MAX, 0u64);
+    let mut nb = Vec::new();
+    for node in 0..meta.node_count {
+        match store.visit(node, |_| 0.0) {
+            None => nodes.free += 1,
+            Some(v) if v.deleted => nodes.deleted += 1,
+            Some(_) => {
+                nodes.live += 1;
+                store.neighbors(node, &mut nb);
+                edges += nb.len() as u64;
+                min = min.min(nb.len() as u64);
+                max = max.max(nb.len() as u64);
+            }
+        }
+    }
+    let live = nodes.live;
+    let mean = if live > 0 { edges as f64 / live as f64 } else { 0.0 };
+    (nodes, OutDegree { mean, min: if live > 0 { min } else { 0 }, max })
+}
+
+fn build(meta: &Meta) -> Build {
+    Build {
+        device: match meta.build_device {
+            1 => "cpu",
+            2 => "gpu",
+            _ => "none",
+        },
+        gpu: (meta.build_device == 2).then(|| meta.device_name()),
+        threads: (meta.build_device == 1).then_some(meta.build_threads),
+        rows: meta.built_rows,
+        phases: PHASES.iter().zip(meta.build_ms).map(|(k, v)| (format!("{k} ms"), f64::from(v))).collect(),
+    }
+}
 
 #[pg_extern(sql = "
 CREATE FUNCTION gpu_graph_info(index regclass) RETURNS jsonb
     AS 'MODULE_PATHNAME', 'gpu_graph_info_wrapper' LANGUAGE C STRICT VOLATILE PARALLEL SAFE;
 ")]
 fn gpu_graph_info(index: pg_sys::Oid) -> JsonB {
-    unsafe {
-        let rel = pg_sys::index_open(index, pg_sys::AccessShareLock as i32);
+    let lock = pg_sys::AccessShareLock as i32;
+    // SAFETY: index_open raises an ERROR unless `index` names an index, which
+    // stays open (and locked) until index_close; it is read as a gpu_graph
+    // index only once its access method says it is one.
+    let (meta, (nodes, out_degree), pages, search) = unsafe {
+        let rel = pg_sys::index_open(index, lock);
         let ours = pg_sys::get_am_oid(c"gpu_graph".as_ptr(), false);
         if (*(*rel).rd_rel).relam != ours {
-            pg_sys::index_close(rel, pg_sys::AccessShareLock as i32);
+            pg_sys::index_close(rel, lock);
             error!("gpu_graph_info: relation {} is not a gpu_graph index", index.to_u32());
         }
         let meta = Meta::read(rel);
-        let (mut live, mut deleted, mut free, mut edges, mut min_deg, mut max_deg) =
-            (0u64, 0u64, 0u64, 0u64, u64::MAX, 0u64);
-        if meta.dim != 0 {
-            let store = PageStore::new(rel, &meta);
-            let mut nb = Vec::new();
-            for node in 0..meta.node_count {
-                match store.visit(node, |_| 0.0) {
-                    None => free += 1,
-                    Some(v) if v.deleted => deleted += 1,
-                    Some(_) => {
-                        live += 1;
-                        store.neighbors(node, &mut nb);
-                        edges += nb.len() as u64;
-                        min_deg = min_deg.min(nb.len() as u64);
-                        max_deg = max_deg.max(nb.len() as u64);
-                    }
-                }
-            }
-        }
-        let blocks = pg_sys::RelationGetNumberOfBlocksInFork(rel, pg_sys::ForkNumber::MAIN_FORKNUM);
+        let shape = if meta.dim != 0 {
+            shape(&PageStore::new(rel, &meta), &meta)
+        } else {
+            (Nodes { allocated: meta.node_count, ..Nodes::default() }, OutDegree { mean: 0.0, min: 0, max: 0 })
+        };
+        let pages = pg_sys::RelationGetNumberOfBlocksInFork(rel, pg_sys::ForkNumber::MAIN_FORKNUM);
         let search = crate::worker::index_info(rel);
-        pg_sys::index_close(rel, pg_sys::AccessShareLock as i32);
-        let p = meta.params();
-        let phases: serde_json::Map<String, serde_json::Value> =
-            PHASES.iter().zip(meta.build_ms).map(|(k, v)| (format!("{k} ms"), json!(v))).collect();
-        JsonB(json!({
-            "format_version": meta.version,
-            "algorithm": "rnn_descent",
-            "metric": meta.metric().name(),
-            "dimensions": meta.dim,
-            "degree": p.degree,
-            "parameters": {"s": p.s, "r": p.r, "t1": p.t1, "t2": p.t2, "rho": p.rho},
-            "build": {
-                "device": match meta.build_device { 1 => "cpu", 2 => "gpu", _ => "none" },
-                "gpu": (meta.build_device == 2).then(|| meta.device_name()),
-                "threads": (meta.build_device == 1).then_some(meta.build_threads),
-                "rows": meta.built_rows,
-                "phases": phases,
-            },
-            "nodes": {"allocated": meta.node_count, "live": live, "deleted": deleted, "free": free},
-            "out_degree": {
-                "mean": if live > 0 { edges as f64 / live as f64 } else { 0.0 },
-                "min": if live > 0 { min_deg } else { 0 },
-                "max": max_deg,
-            },
-            "entry_point": meta.entry(),
-            "generation": meta.generation,
-            "pages": blocks,
-            "search": search,
-        }))
-    }
+        pg_sys::index_close(rel, lock);
+        (meta, shape, pages, search)
+    };
+    let p = meta.params();
+    let info = Info {
+        format_version: meta.version,
+        algorithm: "rnn_descent",
+        metric: meta.metric().name(),
+        dimensions: meta.dim,
+        degree: p.degree,
+        parameters: Parameters { s: p.s, r: p.r, t1: p.t1, t2: p.t2, rho: f64::from(p.rho) },
+        build: build(&meta),
+        nodes,
+        out_degree,
+        entry_point: meta.entry(),
+        generation: meta.generation,
+        pages,
+        search,
+    };
+    JsonB(serde_json::to_value(info).expect("gpu_graph_info: string keys only"))
 }

@@ -32,7 +32,7 @@ mod stats;
 use pgrx::pg_sys;
 
 pub use client::first_round;
-pub use stats::index_info;
+pub use stats::{index_info, SearchInfo};
 
 /// A scan the worker answered first goes on searching on the CPU.
 pub fn cpu_after_worker() {

@@ -7,13 +7,15 @@
 use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
+use std::collections::BTreeMap;
+
 use pgrx::prelude::*;
 use pgrx::{pg_sys, JsonB};
-use serde_json::{json, Value};
+use serde::Serialize;
 
 use super::outcome::Outcome;
 use super::ring::State;
-use super::shmem::{shared, DEVICE_CPU, DEVICE_GPU};
+use super::shmem::{shared, Shared, DEVICE_CPU, DEVICE_GPU};
 
 #[repr(C)]
 pub struct Counters {
@@ -136,25 +138,38 @@ impl ResidentTable {
     }
 }
 
-fn entry_json(e: &ResidentEntry) -> Value {
-    let age_us = unsafe { pg_sys::GetCurrentTimestamp() } - e.loaded_at;
-    json!({
-        "tablespace": e.spc_node,
-        "database": e.db_node,
-        "relfilenode": e.rel_node,
-        "generation": e.generation,
-        "nodes": e.nodes,
-        "bytes": e.bytes,
-        "loaded_seconds_ago": (age_us.max(0) / 100_000) as f64 / 10.0,
-    })
+/// A resident copy in the jsonb of gpu_graph_worker_stats() and gpu_graph_info().
+#[derive(Serialize)]
+pub struct ResidentJson {
+    tablespace: u32,
+    database: u32,
+    relfilenode: u32,
+    generation: u64,
+    nodes: u32,
+    bytes: u64,
+    /// to a tenth of a second
+    loaded_seconds_ago: f64,
 }
 
-fn mean(sum: u64, n: u64) -> Value {
-    if n == 0 {
-        Value::Null
-    } else {
-        json!((sum as f64 / n as f64 * 10.0).round() / 10.0)
+impl ResidentJson {
+    fn of(e: &ResidentEntry) -> ResidentJson {
+        // SAFETY: GetCurrentTimestamp reads the clock; any backend may call it.
+        let age_us = unsafe { pg_sys::GetCurrentTimestamp() } - e.loaded_at;
+        ResidentJson {
+            tablespace: e.spc_node,
+            database: e.db_node,
+            relfilenode: e.rel_node,
+            generation: e.generation,
+            nodes: e.nodes,
+            bytes: e.bytes,
+            loaded_seconds_ago: (age_us.max(0) / 100_000) as f64 / 10.0,
+        }
     }
+}
+
+/// `sum / n` to one decimal; null when `n` is 0.
+fn mean(sum: u64, n: u64) -> Option<f64> {
+    (n != 0).then(|| (sum as f64 / n as f64 * 10.0).round() / 10.0)
 }
 
 /// "running", "absent" (registered, not serving now), "not started"
@@ -168,6 +183,75 @@ fn worker_state() -> &'static str {
     }
 }
 
+/// The jsonb gpu_graph_worker_stats() returns; absent values are null.
+#[derive(Serialize)]
+struct WorkerStats {
+    /// "cluster" (shared counters) or "backend" (this backend's own)
+    scope: &'static str,
+    worker: Worker,
+    scans: Scans,
+    /// scans that asked the worker and searched on the CPU, by [`Outcome`]
+    fallbacks: BTreeMap<&'static str, u64>,
+    requests: Requests,
+    residency: Residency,
+}
+
+#[derive(Serialize)]
+struct Worker {
+    state: &'static str,
+    /// only when gpu_graph is preloaded
+    #[serde(flatten)]
+    ring: Option<Ring>,
+}
+
+#[derive(Serialize)]
+struct Ring {
+    pid: Option<i32>,
+    device: Option<&'static str>,
+    starts: u64,
+    slots: u32,
+    slots_in_use: usize,
+}
+
+#[derive(Serialize)]
+struct Scans {
+    worker: u64,
+    cpu: u64,
+    cpu_after_worker: u64,
+}
+
+#[derive(Serialize)]
+struct Requests {
+    taken: u64,
+    answered: u64,
+    searched: u64,
+    mean_queue_us: Option<f64>,
+    mean_search_us: Option<f64>,
+    mean_roundtrip_us: Option<f64>,
+}
+
+#[derive(Serialize)]
+struct Residency {
+    loads: u64,
+    mean_load_ms: Option<f64>,
+    evictions: u64,
+    indexes: Vec<ResidentJson>,
+}
+
+fn ring(s: &Shared) -> Ring {
+    Ring {
+        pid: s.worker(),
+        device: match s.worker_device.load(Ordering::Relaxed) {
+            DEVICE_CPU => Some("cpu"),
+            DEVICE_GPU => Some("gpu"),
+            _ => None,
+        },
+        starts: get(&s.worker_starts),
+        slots: s.nslots,
+        slots_in_use: s.slots().iter().filter(|slot| slot.state().1 != State::Free).count(),
+    }
+}
+
 #[pg_extern(sql = "
 CREATE FUNCTION gpu_graph_worker_stats() RETURNS jsonb
     AS 'MODULE_PATHNAME', 'gpu_graph_worker_stats_wrapper' LANGUAGE C VOLATILE PARALLEL SAFE;
@@ -176,65 +260,70 @@ COMMENT ON FUNCTION gpu_graph_worker_stats() IS
 ")]
 fn gpu_graph_worker_stats() -> JsonB {
     let c = counters();
-    let fallbacks: serde_json::Map<String, Value> =
-        Outcome::ALL[1..].iter().map(|&o| (o.name().to_string(), json!(get(&c.outcomes[o.index()])))).collect();
-    let worker = match shared() {
-        None => json!({"state": worker_state()}),
-        Some(s) => {
-            let busy = s.slots().iter().filter(|slot| slot.state().1 != State::Free).count();
-            json!({
-                "state": worker_state(),
-                "pid": s.worker(),
-                "device": match s.worker_device.load(Ordering::Relaxed) {
-                    DEVICE_CPU => Some("cpu"),
-                    DEVICE_GPU => Some("gpu"),
-                    _ => None,
-                },
-                "starts": get(&s.worker_starts),
-                "slots": s.nslots,
-                "slots_in_use": busy,
-            })
-        }
-    };
-    let residents: Vec<Value> =
-        shared().map(|s| s.residents.read().iter().map(entry_json).collect()).unwrap_or_default();
     let (scans_worker, taken, loads) = (get(&c.outcomes[Outcome::Answered.index()]), get(&c.taken), get(&c.loads));
-    JsonB(json!({
-        "scope": if shared().is_some() { "cluster" } else { "backend" },
-        "worker": worker,
-        "scans": {"worker": scans_worker, "cpu": get(&c.scans_cpu), "cpu_after_worker": get(&c.cpu_after_worker)},
-        "fallbacks": fallbacks,
-        "requests": {
-            "taken": taken,
-            "answered": get(&c.answered),
-            "searched": get(&c.searched),
-            "mean_queue_us": mean(get(&c.queue_us), taken),
-            "mean_search_us": mean(get(&c.search_us), get(&c.searched)),
-            "mean_roundtrip_us": mean(get(&c.roundtrip_us), scans_worker),
+    let stats = WorkerStats {
+        scope: if shared().is_some() { "cluster" } else { "backend" },
+        worker: Worker { state: worker_state(), ring: shared().map(ring) },
+        scans: Scans { worker: scans_worker, cpu: get(&c.scans_cpu), cpu_after_worker: get(&c.cpu_after_worker) },
+        fallbacks: Outcome::ALL[1..].iter().map(|&o| (o.name(), get(&c.outcomes[o.index()]))).collect(),
+        requests: Requests {
+            taken,
+            answered: get(&c.answered),
+            searched: get(&c.searched),
+            mean_queue_us: mean(get(&c.queue_us), taken),
+            mean_search_us: mean(get(&c.search_us), get(&c.searched)),
+            mean_roundtrip_us: mean(get(&c.roundtrip_us), scans_worker),
         },
-        "residency": {
-            "loads": loads,
-            "mean_load_ms": mean(get(&c.load_us), loads * 1000),
-            "evictions": get(&c.evictions),
-            "indexes": residents,
+        residency: Residency {
+            loads,
+            mean_load_ms: mean(get(&c.load_us), loads * 1000),
+            evictions: get(&c.evictions),
+            indexes: shared().map(|s| s.residents.read().iter().map(ResidentJson::of).collect()).unwrap_or_default(),
         },
-    }))
+    };
+    JsonB(serde_json::to_value(stats).expect("gpu_graph_worker_stats: string keys only"))
 }
 
 /// The "search" object of gpu_graph_info(index): the worker's state and the
-/// index's resident copy, if any.
+/// index's resident copy (null when there is none).
+#[derive(Serialize)]
+pub struct SearchInfo {
+    worker: &'static str,
+    resident: Option<ResidentJson>,
+}
+
+/// The "search" object of gpu_graph_info(index).
 ///
 /// # Safety
 /// `rel` must be an open index relation.
-pub unsafe fn index_info(rel: pg_sys::Relation) -> Value {
-    let node = (*rel).rd_node;
-    let resident = shared().and_then(|s| {
-        s.residents.read().into_iter().find(|e| {
-            (e.spc_node, e.db_node, e.rel_node) == (node.spcNode.to_u32(), node.dbNode.to_u32(), node.relNode.to_u32())
-        })
-    });
-    json!({
-        "worker": worker_state(),
-        "resident": resident.as_ref().map(entry_json),
-    })
+pub unsafe fn index_info(rel: pg_sys::Relation) -> SearchInfo {
+    // SAFETY: an open relation's relcache entry (the caller's contract).
+    let node = unsafe { (*rel).rd_node };
+    let key = (node.spcNode.to_u32(), node.dbNode.to_u32(), node.relNode.to_u32());
+    let resident =
+        shared().and_then(|s| s.residents.read().into_iter().find(|e| (e.spc_node, e.db_node, e.rel_node) == key));
+    SearchInfo { worker: worker_state(), resident: resident.as_ref().map(ResidentJson::of) }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn absent_values_are_null_and_the_ring_only_when_preloaded() {
+        let alone = Worker { state: "not preloaded", ring: None };
+        assert_eq!(serde_json::to_value(alone).unwrap(), json!({"state": "not preloaded"}));
+        let ring = Ring { pid: None, device: None, starts: 1, slots: 8, slots_in_use: 0 };
+        let absent = Worker { state: "absent", ring: Some(ring) };
+        assert_eq!(
+            serde_json::to_value(absent).unwrap(),
+            json!({"state": "absent", "pid": null, "device": null, "starts": 1, "slots": 8, "slots_in_use": 0})
+        );
+        let info = SearchInfo { worker: "running", resident: None };
+        assert_eq!(serde_json::to_value(info).unwrap(), json!({"worker": "running", "resident": null}));
+        assert_eq!(serde_json::to_value(mean(0, 0)).unwrap(), json!(null));
+        assert_eq!(serde_json::to_value(mean(10, 4)).unwrap(), json!(2.5));
+    }
 }

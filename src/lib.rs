@@ -17,6 +17,8 @@ mod worker;
 pub extern "C-unwind" fn _PG_init() {
     gucs::register();
     am::options::register();
+    // SAFETY: a plain read of a flag PostgreSQL sets while it loads
+    // shared_preload_libraries, on the process's only thread.
     if unsafe { pg_sys::process_shared_preload_libraries_in_progress } {
         gucs::register_postmaster();
         worker::preload();

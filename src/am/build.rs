@@ -13,7 +13,7 @@ use gpu_graph_engine::params::BuildParams;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 
-use super::construct::{construct, Device};
+use super::construct::{construct, Constructed, Device};
 use super::options;
 use super::vector::{at_tid, check_dim, checked};
 use crate::storage::codec::tid_to_payload;
@@ -36,6 +36,8 @@ pub unsafe extern "C-unwind" fn ambuildphasename(phase: i64) -> *mut std::ffi::c
 }
 
 fn report(param: u32, value: i64) {
+    // SAFETY: updates this backend's own progress entry; a no-op when no
+    // command is being tracked.
     unsafe { pg_sys::pgstat_progress_update_param(param as i32, value) };
 }
 
@@ -116,17 +118,118 @@ unsafe extern "C-unwind" fn load_callback(
     _alive: bool,
     state: *mut c_void,
 ) {
-    if *isnull {
-        return; // NULL vectors are not indexed
+    // SAFETY: table_index_build_scan passes the heap tuple's TID and the
+    // datum and null flag of the index's one column, and `state` is the
+    // Loader that scan_heap gave it, alive and not otherwise borrowed during
+    // the scan. A non-null datum of a real[] column is a real[] datum.
+    unsafe {
+        if *isnull {
+            return; // NULL vectors are not indexed
+        }
+        let loader = &mut *(state as *mut Loader);
+        let whence = || at_tid(tid);
+        let v = checked(*values, &whence);
+        loader.add(v, tid_to_payload(&*tid), &whence);
     }
-    let loader = &mut *(state as *mut Loader);
-    let whence = || at_tid(tid);
-    let v = checked(*values, &whence);
-    loader.add(v, tid_to_payload(&*tid), &whence);
 }
 
 fn ms(t: Instant) -> f32 {
     t.elapsed().as_secs_f32() * 1000.0
+}
+
+/// Reads every row of the heap into a loader; also returns the heap tuples
+/// seen.
+///
+/// # Safety
+/// ambuild's arguments.
+unsafe fn scan_heap(
+    heap: pg_sys::Relation,
+    index: pg_sys::Relation,
+    index_info: *mut pg_sys::IndexInfo,
+    metric: Metric,
+    params: &BuildParams,
+) -> (Loader, f64) {
+    // SAFETY: `heap` is open (ambuild's contract), so its pg_class row is
+    // there; maintenance_work_mem is a plain setting of this backend.
+    let (budget, estimated_rows) =
+        unsafe { (pg_sys::maintenance_work_mem as usize * 1024, (*(*heap).rd_rel).reltuples as f64) };
+    let mut loader = Loader {
+        metric,
+        dim: 0,
+        stored_dim: 0,
+        vectors: Vec::new(),
+        payloads: Vec::new(),
+        skipped_zero: 0,
+        budget,
+        // payload + the builder's candidate pools + the final lists
+        per_row: 8 + params.r * 16 + params.degree * 4,
+        estimated_rows,
+    };
+    // SAFETY: the relations and `index_info` are ambuild's; the callback gets
+    // `loader` as its state, which outlives the scan.
+    let heap_tuples = unsafe {
+        pg_sys::table_index_build_scan(
+            heap,
+            index,
+            index_info,
+            true,
+            true,
+            Some(load_callback),
+            &mut loader as *mut Loader as *mut c_void,
+            std::ptr::null_mut(),
+        )
+    };
+    (loader, heap_tuples)
+}
+
+/// Records on the meta page how the graph was built.
+///
+/// # Safety
+/// `index` must be an open gpu_graph index.
+unsafe fn record_build(index: pg_sys::Relation, built: &Constructed, timings: [f32; 6]) {
+    let update = |m: &mut Meta| {
+        m.entry = built.graph.entry.unwrap_or(gpu_graph_engine::NO_NODE);
+        m.build_ms = timings;
+        match &built.device {
+            Device::Cpu { threads } => {
+                m.build_device = 1;
+                m.build_threads = *threads as u32;
+            }
+            Device::Gpu { name } => {
+                m.build_device = 2;
+                m.set_device_name(name);
+            }
+        }
+    };
+    // SAFETY: `index` is an open gpu_graph index (the caller's contract).
+    unsafe { Meta::update(index, update) };
+}
+
+/// The NOTICE that sums a build up.
+fn notice_built(loader: &Loader, built: &Constructed, timings: [f32; 6], total: Instant) {
+    let device = match &built.device {
+        Device::Cpu { threads } => format!("the CPU with {threads} threads"),
+        Device::Gpu { name } => format!("the GPU ({name})"),
+    };
+    let phases: Vec<String> = PHASES
+        .iter()
+        .zip(timings)
+        .filter(|(p, t)| *t > 0.0 || !matches!(**p, "upload" | "download"))
+        .map(|(p, t)| format!("{p} {:.2} s", t / 1000.0))
+        .collect();
+    notice!(
+        "gpu_graph: built {} rows ({} dims, {}) on {device} in {:.2} s: {}{}",
+        loader.payloads.len(),
+        loader.dim,
+        loader.metric.name(),
+        total.elapsed().as_secs_f64(),
+        phases.join(", "),
+        if loader.skipped_zero > 0 {
+            format!("; {} zero vectors not indexed", loader.skipped_zero)
+        } else {
+            String::new()
+        }
+    );
 }
 
 #[pg_guard]
@@ -135,39 +238,20 @@ pub unsafe extern "C-unwind" fn ambuild(
     index: pg_sys::Relation,
     index_info: *mut pg_sys::IndexInfo,
 ) -> *mut pg_sys::IndexBuildResult {
-    let params = options::build_params(index);
-    let metric = options::metric(index);
+    // SAFETY: PostgreSQL calls ambuild with the heap and the new, empty index
+    // open and locked, and `index_info` describing the index.
+    let (params, metric, knn) =
+        unsafe { (options::build_params(index), options::metric(index), options::knn_init(index)) };
     let total = Instant::now();
 
     report(pg_sys::PROGRESS_CREATEIDX_SUBPHASE, PHASE_LOAD);
-    let mut loader = Loader {
-        metric,
-        dim: 0,
-        stored_dim: 0,
-        vectors: Vec::new(),
-        payloads: Vec::new(),
-        skipped_zero: 0,
-        budget: pg_sys::maintenance_work_mem as usize * 1024,
-        // payload + the builder's candidate pools + the final lists
-        per_row: 8 + params.r * 16 + params.degree * 4,
-        estimated_rows: (*(*heap).rd_rel).reltuples as f64,
-    };
     let t = Instant::now();
-    let heap_tuples = pg_sys::table_index_build_scan(
-        heap,
-        index,
-        index_info,
-        true,
-        true,
-        Some(load_callback),
-        &mut loader as *mut Loader as *mut c_void,
-        std::ptr::null_mut(),
-    );
+    // SAFETY: ambuild's own arguments.
+    let (mut loader, heap_tuples) = unsafe { scan_heap(heap, index, index_info, metric, &params) };
     let max_norm = loader.finish();
     let load_ms = ms(t);
 
     let n = loader.payloads.len();
-    let knn = options::knn_init(index);
     let mut meta = Meta::new(metric, &params);
     meta.dim = loader.dim as u32;
     meta.max_norm = max_norm;
@@ -181,61 +265,35 @@ pub unsafe extern "C-unwind" fn ambuild(
         report(pg_sys::PROGRESS_CREATEIDX_SUBPHASE, PHASE_WRITE);
         report(pg_sys::PROGRESS_CREATEIDX_TUPLES_TOTAL, n as i64);
         let t = Instant::now();
-        writer::write_vector_pages(index, &meta, &loader.vectors, &loader.payloads, &mut |done| {
-            report(pg_sys::PROGRESS_CREATEIDX_TUPLES_DONE, done as i64);
-            pg_sys::check_for_interrupts!();
-        });
+        // SAFETY: `index` is the new, empty index ambuild was given.
+        unsafe {
+            writer::write_vector_pages(index, &meta, &loader.vectors, &loader.payloads, &mut |done| {
+                report(pg_sys::PROGRESS_CREATEIDX_TUPLES_DONE, done as i64);
+                pg_sys::check_for_interrupts!();
+            })
+        };
         vector_ms = ms(t);
         report(pg_sys::PROGRESS_CREATEIDX_SUBPHASE, PHASE_BUILD);
     });
 
     report(pg_sys::PROGRESS_CREATEIDX_SUBPHASE, PHASE_WRITE);
     let t = Instant::now();
-    writer::write_graph_pages(index, &layout, &built.graph, &mut |done| {
-        report(pg_sys::PROGRESS_CREATEIDX_TUPLES_DONE, done as i64)
-    });
+    // SAFETY: the index whose vector pages construct's `meanwhile` wrote.
+    unsafe {
+        writer::write_graph_pages(index, &layout, &built.graph, &mut |done| {
+            report(pg_sys::PROGRESS_CREATEIDX_TUPLES_DONE, done as i64)
+        })
+    };
     let graph_ms = ms(t);
 
     let timings = [load_ms, built.upload_ms, built.construct_ms, built.download_ms, vector_ms, graph_ms];
-    let device = match &built.device {
-        Device::Cpu { threads } => format!("the CPU with {threads} threads"),
-        Device::Gpu { name } => format!("the GPU ({name})"),
-    };
-    Meta::update(index, |m| {
-        m.entry = built.graph.entry.unwrap_or(gpu_graph_engine::NO_NODE);
-        m.build_ms = timings;
-        match &built.device {
-            Device::Cpu { threads } => {
-                m.build_device = 1;
-                m.build_threads = *threads as u32;
-            }
-            Device::Gpu { name } => {
-                m.build_device = 2;
-                m.set_device_name(name);
-            }
-        }
-    });
+    // SAFETY: the index is open, and a gpu_graph index from its meta page on.
+    unsafe { record_build(index, &built, timings) };
+    notice_built(&loader, &built, timings, total);
 
-    let phases: Vec<String> = PHASES
-        .iter()
-        .zip(timings)
-        .filter(|(p, t)| *t > 0.0 || !matches!(**p, "upload" | "download"))
-        .map(|(p, t)| format!("{p} {:.2} s", t / 1000.0))
-        .collect();
-    notice!(
-        "gpu_graph: built {n} rows ({} dims, {}) on {device} in {:.2} s: {}{}",
-        loader.dim,
-        metric.name(),
-        total.elapsed().as_secs_f64(),
-        phases.join(", "),
-        if loader.skipped_zero > 0 {
-            format!("; {} zero vectors not indexed", loader.skipped_zero)
-        } else {
-            String::new()
-        }
-    );
-
-    let mut result = pgrx::PgBox::<pg_sys::IndexBuildResult>::alloc0();
+    // SAFETY: ambuild runs in a memory context that outlives its result,
+    // where alloc0 pallocs a zeroed IndexBuildResult.
+    let mut result = unsafe { pgrx::PgBox::<pg_sys::IndexBuildResult>::alloc0() };
     result.heap_tuples = heap_tuples;
     result.index_tuples = n as f64;
     result.into_pg()
@@ -243,7 +301,11 @@ pub unsafe extern "C-unwind" fn ambuild(
 
 #[pg_guard]
 pub unsafe extern "C-unwind" fn ambuildempty(index: pg_sys::Relation) {
-    let params: BuildParams = options::build_params(index);
-    let meta = Meta::new(options::metric(index), &params);
-    writer::write_init_fork(index, &meta);
+    // SAFETY: PostgreSQL calls ambuildempty with an open, unlogged index
+    // that has no init fork yet.
+    unsafe {
+        let params: BuildParams = options::build_params(index);
+        let meta = Meta::new(options::metric(index), &params);
+        writer::write_init_fork(index, &meta);
+    }
 }

@@ -30,6 +30,8 @@ pub struct Constructed {
 fn interrupt_pending() -> bool {
     // a plain read of a flag the signal handler sets; CHECK_FOR_INTERRUPTS
     // itself may longjmp, which must not happen inside CUDA calls
+    // SAFETY: a volatile read of a sig_atomic_t, which is what the signal
+    // handler writes; any thread may read it.
     unsafe { std::ptr::read_volatile(&raw const pg_sys::InterruptPending) != 0 }
 }
 
@@ -48,6 +50,8 @@ fn on_gpu(vectors: &[f32], stored_dim: usize, params: &BuildParams, knn: KnnInit
 fn on_cpu(vectors: &[f32], stored_dim: usize, params: &BuildParams) -> Constructed {
     let t = Instant::now();
     let graph = rnn_descent::build(vectors, stored_dim, params, &mut |done: usize, all: usize| {
+        // SAFETY: the engine calls back on the calling (backend) thread,
+        // which updates its own progress entry.
         unsafe {
             pg_sys::pgstat_progress_update_param(pg_sys::PROGRESS_CREATEIDX_TUPLES_TOTAL as i32, all as i64);
             pg_sys::pgstat_progress_update_param(pg_sys::PROGRESS_CREATEIDX_TUPLES_DONE as i32, done as i64);

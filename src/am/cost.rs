@@ -25,30 +25,36 @@ pub unsafe extern "C-unwind" fn amcostestimate(
     correlation: *mut f64,
     pages: *mut f64,
 ) {
-    if (*path).indexorderbys.is_null() {
-        *startup = f64::INFINITY;
-        *total = f64::INFINITY;
-        *selectivity = 0.0;
-        *correlation = 0.0;
-        *pages = 0.0;
-        return;
+    // SAFETY: the planner passes a valid path of this index and the
+    // addresses of its five results. The planner locked the index when it
+    // looked it up (get_relation_info), so opening it with NoLock is safe,
+    // and it is a gpu_graph index (this is its access method's estimate).
+    unsafe {
+        if (*path).indexorderbys.is_null() {
+            *startup = f64::INFINITY;
+            *total = f64::INFINITY;
+            *selectivity = 0.0;
+            *correlation = 0.0;
+            *pages = 0.0;
+            return;
+        }
+        let mut costs = pg_sys::GenericCosts::default();
+        pg_sys::genericcostestimate(root, path, loop_count, &mut costs);
+
+        let info = (*path).indexinfo;
+        let index = pg_sys::index_open((*info).indexoid, pg_sys::NoLock as i32);
+        let degree = Meta::read(index).degree as f64;
+        pg_sys::index_close(index, pg_sys::NoLock as i32);
+
+        let tuples = (*info).tuples.max(1.0);
+        let visited = EF_SEARCH.get() as f64 * degree;
+        let ratio = (visited / tuples).min(1.0);
+        costs.indexStartupCost = costs.indexTotalCost * ratio;
+
+        *startup = costs.indexStartupCost;
+        *total = costs.indexTotalCost;
+        *selectivity = costs.indexSelectivity;
+        *correlation = costs.indexCorrelation;
+        *pages = costs.numIndexPages;
     }
-    let mut costs = pg_sys::GenericCosts::default();
-    pg_sys::genericcostestimate(root, path, loop_count, &mut costs);
-
-    let info = (*path).indexinfo;
-    let index = pg_sys::index_open((*info).indexoid, pg_sys::NoLock as i32);
-    let degree = Meta::read(index).degree as f64;
-    pg_sys::index_close(index, pg_sys::NoLock as i32);
-
-    let tuples = (*info).tuples.max(1.0);
-    let visited = EF_SEARCH.get() as f64 * degree;
-    let ratio = (visited / tuples).min(1.0);
-    costs.indexStartupCost = costs.indexTotalCost * ratio;
-
-    *startup = costs.indexStartupCost;
-    *total = costs.indexTotalCost;
-    *selectivity = costs.indexSelectivity;
-    *correlation = costs.indexCorrelation;
-    *pages = costs.numIndexPages;
 }

@@ -29,34 +29,39 @@ pub unsafe extern "C-unwind" fn aminsert(
     _index_unchanged: bool,
     _index_info: *mut pg_sys::IndexInfo,
 ) -> bool {
-    if *isnull {
-        return false;
+    // SAFETY: PostgreSQL calls aminsert with the open, locked gpu_graph index,
+    // the datum and null flag of its one column and the new row's heap TID;
+    // a non-null datum of a real[] column is a real[] datum.
+    unsafe {
+        if *isnull {
+            return false;
+        }
+        let whence = || at_tid(heap_tid);
+        let v = checked(*values, &whence);
+        let mut meta = Meta::read(index);
+        if meta.dim == 0 {
+            // an index built on an empty table takes its dimensions from the first row
+            let metric = options::metric(index);
+            meta = {
+                Meta::update(index, |m| {
+                    if m.dim == 0 {
+                        m.dim = v.len() as u32;
+                        m.max_norm = distance::norm(v);
+                    }
+                });
+                Meta::read(index)
+            };
+            debug_assert_eq!(meta.metric(), metric);
+        }
+        check_dim(meta.dim as usize, v.len(), &whence);
+        let metric = meta.metric();
+        if !metric.indexable(v) {
+            return false; // zero vectors have no direction under cosine
+        }
+        let mut stored = Vec::with_capacity(meta.stored_dim());
+        metric.prepare_stored(v, meta.max_norm, &mut stored);
+        let store = PageStore::new(index, &meta);
+        insert::insert(&store, &stored, tid_to_payload(&*heap_tid), insert_ef(meta.degree as usize));
+        false
     }
-    let whence = || at_tid(heap_tid);
-    let v = checked(*values, &whence);
-    let mut meta = Meta::read(index);
-    if meta.dim == 0 {
-        // an index built on an empty table takes its dimensions from the first row
-        let metric = options::metric(index);
-        meta = {
-            Meta::update(index, |m| {
-                if m.dim == 0 {
-                    m.dim = v.len() as u32;
-                    m.max_norm = distance::norm(v);
-                }
-            });
-            Meta::read(index)
-        };
-        debug_assert_eq!(meta.metric(), metric);
-    }
-    check_dim(meta.dim as usize, v.len(), &whence);
-    let metric = meta.metric();
-    if !metric.indexable(v) {
-        return false; // zero vectors have no direction under cosine
-    }
-    let mut stored = Vec::with_capacity(meta.stored_dim());
-    metric.prepare_stored(v, meta.max_norm, &mut stored);
-    let store = PageStore::new(index, &meta);
-    insert::insert(&store, &stored, tid_to_payload(&*heap_tid), insert_ef(meta.degree as usize));
-    false
 }

@@ -25,7 +25,9 @@ pub extern "C" fn pg_finfo_gpu_graph_amhandler() -> &'static pg_sys::Pg_finfo_re
 #[pg_guard]
 #[no_mangle]
 pub unsafe extern "C-unwind" fn gpu_graph_amhandler(_fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Datum {
-    let mut am = PgBox::<pg_sys::IndexAmRoutine>::alloc_node(pg_sys::NodeTag::T_IndexAmRoutine);
+    // SAFETY: PostgreSQL calls the handler in a backend with a current memory
+    // context, where alloc_node pallocs a zeroed node with this tag.
+    let mut am = unsafe { PgBox::<pg_sys::IndexAmRoutine>::alloc_node(pg_sys::NodeTag::T_IndexAmRoutine) };
     am.amstrategies = 0;
     am.amsupport = 1;
     am.amoptsprocnum = 0;

@@ -27,11 +27,16 @@ struct Options {
     knn: i32,
 }
 
+/// ERROR unless `value` (NULL: the option is not given) is one of `valid`.
+///
+/// # Safety
+/// `value` must be NULL or a NUL-terminated string.
 unsafe fn validate_choice(option: &str, valid: &[&str], value: *const c_char) {
     if value.is_null() {
         return;
     }
-    let v = CStr::from_ptr(value).to_string_lossy();
+    // SAFETY: a non-null `value` is a NUL-terminated string (the caller's contract).
+    let v = unsafe { CStr::from_ptr(value) }.to_string_lossy();
     if !valid.contains(&v.as_ref()) {
         ereport!(
             ERROR,
@@ -44,18 +49,23 @@ unsafe fn validate_choice(option: &str, valid: &[&str], value: *const c_char) {
 
 #[pg_guard]
 unsafe extern "C-unwind" fn validate_algorithm(value: *const c_char) {
-    validate_choice("algorithm", &ALGORITHMS, value)
+    // SAFETY: PostgreSQL validates a string option's value, NULL or a C string.
+    unsafe { validate_choice("algorithm", &ALGORITHMS, value) }
 }
 
 #[pg_guard]
 unsafe extern "C-unwind" fn validate_knn(value: *const c_char) {
-    validate_choice("knn", &KNN_INITS, value)
+    // SAFETY: as in validate_algorithm.
+    unsafe { validate_choice("knn", &KNN_INITS, value) }
 }
 
 /// Registers the options; called from _PG_init.
 pub fn register() {
     let d = BuildParams::default();
     let lock = pg_sys::AccessExclusiveLock as i32;
+    // SAFETY: _PG_init runs once per process, on its only thread, before any
+    // amoptions call reads KIND; the names and descriptions are static C
+    // strings, which the reloption table keeps pointing at.
     unsafe {
         KIND = pg_sys::add_reloption_kind();
         pg_sys::add_string_reloption(
@@ -149,8 +159,30 @@ pub unsafe extern "C-unwind" fn amoptions(reloptions: pg_sys::Datum, validate: b
         elt(c"rho", RELOPT_TYPE_REAL, std::mem::offset_of!(Options, rho)),
         elt(c"knn", RELOPT_TYPE_STRING, std::mem::offset_of!(Options, knn)),
     ];
-    pg_sys::build_reloptions(reloptions, validate, KIND, std::mem::size_of::<Options>(), tab.as_ptr(), tab.len() as i32)
-        as *mut pg_sys::bytea
+    // SAFETY: `reloptions` is the datum PostgreSQL passes (a text[] or
+    // null); the table names static C strings and offsets inside Options, of
+    // the size given; KIND was set by _PG_init before any index existed.
+    unsafe {
+        pg_sys::build_reloptions(
+            reloptions,
+            validate,
+            KIND,
+            std::mem::size_of::<Options>(),
+            tab.as_ptr(),
+            tab.len() as i32,
+        ) as *mut pg_sys::bytea
+    }
+}
+
+/// The index's options as amoptions parsed them; None when none were given.
+///
+/// # Safety
+/// `index` must be an open gpu_graph index.
+unsafe fn options<'a>(index: pg_sys::Relation) -> Option<&'a Options> {
+    // SAFETY: an open index's rd_options is NULL or what amoptions built (an
+    // Options, by build_reloptions), kept in the relcache entry while the
+    // relation is open.
+    unsafe { ((*index).rd_options as *const Options).as_ref() }
 }
 
 /// The build parameters of an index (defaults where no option was given).
@@ -159,14 +191,14 @@ pub unsafe extern "C-unwind" fn amoptions(reloptions: pg_sys::Datum, validate: b
 /// `index` must be an open gpu_graph index.
 pub unsafe fn build_params(index: pg_sys::Relation) -> BuildParams {
     let mut p = BuildParams::default();
-    let o = (*index).rd_options as *const Options;
-    if !o.is_null() {
-        p.degree = (*o).degree as usize;
-        p.s = (*o).s as usize;
-        p.r = (*o).r as usize;
-        p.t1 = (*o).t1 as usize;
-        p.t2 = (*o).t2 as usize;
-        p.rho = (*o).rho as f32;
+    // SAFETY: `index` is an open gpu_graph index (the caller's contract).
+    if let Some(o) = unsafe { options(index) } {
+        p.degree = o.degree as usize;
+        p.s = o.s as usize;
+        p.r = o.r as usize;
+        p.t1 = o.t1 as usize;
+        p.t2 = o.t2 as usize;
+        p.rho = o.rho as f32;
     }
     if p.r < p.degree {
         ereport!(
@@ -184,11 +216,15 @@ pub unsafe fn build_params(index: pg_sys::Relation) -> BuildParams {
 /// # Safety
 /// `index` must be an open gpu_graph index.
 pub unsafe fn knn_init(index: pg_sys::Relation) -> gpu_graph_gpu::KnnInit {
-    let o = (*index).rd_options as *const Options;
-    let text = if o.is_null() || (*o).knn == 0 {
-        "auto".to_string()
-    } else {
-        CStr::from_ptr((o as *const c_char).add((*o).knn as usize)).to_string_lossy().into_owned()
+    // SAFETY: `index` is an open gpu_graph index (the caller's contract).
+    let text = match unsafe { options(index) } {
+        Some(o) if o.knn != 0 => {
+            let at = (o as *const Options as *const c_char).wrapping_add(o.knn as usize);
+            // SAFETY: build_reloptions keeps a string option's value, NUL
+            // terminated, at that offset of the same allocation.
+            unsafe { CStr::from_ptr(at) }.to_string_lossy().into_owned()
+        }
+        _ => "auto".to_string(),
     };
     match text.as_str() {
         "random" => gpu_graph_gpu::KnnInit::Random,
@@ -202,9 +238,17 @@ pub unsafe fn knn_init(index: pg_sys::Relation) -> gpu_graph_gpu::KnnInit {
 /// # Safety
 /// `index` must be an open gpu_graph index.
 pub unsafe fn metric(index: pg_sys::Relation) -> Metric {
-    let proc_oid = pg_sys::index_getprocid(index, 1, 1);
-    let name = pg_sys::get_func_name(proc_oid);
-    let name = if name.is_null() { String::new() } else { CStr::from_ptr(name).to_string_lossy().into_owned() };
+    // SAFETY: `index` is an open gpu_graph index (the caller's contract), so
+    // its first column has support function 1; get_func_name returns NULL
+    // or a palloc'd C string.
+    let name = unsafe {
+        let name = pg_sys::get_func_name(pg_sys::index_getprocid(index, 1, 1));
+        if name.is_null() {
+            String::new()
+        } else {
+            CStr::from_ptr(name).to_string_lossy().into_owned()
+        }
+    };
     match name.as_str() {
         "l2_distance" => Metric::L2,
         "cosine_distance" => Metric::Cosine,

@@ -37,8 +37,15 @@ struct ScanState {
     done: bool,
 }
 
+/// The scan's state.
+///
+/// # Safety
+/// `scan` must be a scan ambeginscan started, and the state not otherwise
+/// borrowed while the reference lives.
 unsafe fn state<'a>(scan: pg_sys::IndexScanDesc) -> &'a mut ScanState {
-    &mut *((*scan).opaque as *mut ScanState)
+    // SAFETY: ambeginscan set `opaque` to a ScanState that lives as long as
+    // the scan's memory context (the caller's contract).
+    unsafe { &mut *((*scan).opaque as *mut ScanState) }
 }
 
 #[pg_guard]
@@ -47,7 +54,6 @@ pub unsafe extern "C-unwind" fn ambeginscan(
     nkeys: i32,
     norderbys: i32,
 ) -> pg_sys::IndexScanDesc {
-    let scan = pg_sys::RelationGetIndexScan(index, nkeys, norderbys);
     let st = ScanState {
         store: None,
         metric: Metric::L2,
@@ -60,12 +66,18 @@ pub unsafe extern "C-unwind" fn ambeginscan(
         null_query: false,
         done: false,
     };
-    // dropped when the scan's memory context goes, also after an ERROR
-    (*scan).opaque = PgMemoryContexts::CurrentMemoryContext.leak_and_drop_on_delete(st) as *mut std::ffi::c_void;
     let n = norderbys.max(1) as usize;
-    (*scan).xs_orderbyvals = pg_sys::palloc0(n * std::mem::size_of::<pg_sys::Datum>()) as *mut pg_sys::Datum;
-    (*scan).xs_orderbynulls = pg_sys::palloc0(n * std::mem::size_of::<bool>()) as *mut bool;
-    scan
+    // SAFETY: PostgreSQL calls ambeginscan with the open index and the key
+    // counts, in the memory context the scan lives in; RelationGetIndexScan
+    // returns a scan descriptor allocated there, whose fields are set here.
+    unsafe {
+        let scan = pg_sys::RelationGetIndexScan(index, nkeys, norderbys);
+        // dropped when the scan's memory context goes, also after an ERROR
+        (*scan).opaque = PgMemoryContexts::CurrentMemoryContext.leak_and_drop_on_delete(st) as *mut std::ffi::c_void;
+        (*scan).xs_orderbyvals = pg_sys::palloc0(n * std::mem::size_of::<pg_sys::Datum>()) as *mut pg_sys::Datum;
+        (*scan).xs_orderbynulls = pg_sys::palloc0(n * std::mem::size_of::<bool>()) as *mut bool;
+        scan
+    }
 }
 
 #[pg_guard]
@@ -76,10 +88,15 @@ pub unsafe extern "C-unwind" fn amrescan(
     orderbys: pg_sys::ScanKey,
     norderbys: i32,
 ) {
-    if !orderbys.is_null() && norderbys > 0 {
-        std::ptr::copy(orderbys, (*scan).orderByData, norderbys as usize);
-    }
-    let st = state(scan);
+    // SAFETY: PostgreSQL calls amrescan on a scan ambeginscan started, with
+    // `norderbys` ordering keys (no more than it began with, the size of
+    // orderByData); no other borrow of the state is alive in a callback.
+    let st = unsafe {
+        if !orderbys.is_null() && norderbys > 0 {
+            std::ptr::copy(orderbys, (*scan).orderByData, norderbys as usize);
+        }
+        state(scan)
+    };
     st.search = None;
     st.handed = None;
     st.store = None;
@@ -91,91 +108,110 @@ pub unsafe extern "C-unwind" fn amrescan(
 }
 
 /// Starts the search on the first amgettuple of a (re)scan.
+///
+/// # Safety
+/// `scan` must be a scan ambeginscan started, `st` its state.
 unsafe fn start(scan: pg_sys::IndexScanDesc, st: &mut ScanState) {
-    let index = (*scan).indexRelation;
-    if (*scan).numberOfOrderBys == 0 {
-        error!("gpu_graph indexes only answer ORDER BY <distance operator> queries");
-    }
-    let meta = Meta::read(index);
-    if meta.dim == 0 {
-        st.done = true; // nothing indexed yet
-        return;
-    }
-    let key = &*(*scan).orderByData;
-    st.metric = meta.metric();
-    let store = PageStore::new(index, &meta);
-    let query: Vec<f32> = if key.sk_flags & pg_sys::SK_ISNULL as i32 != 0 {
-        st.null_query = true;
-        vec![0.0; meta.dim as usize]
-    } else {
-        let whence = String::new;
-        let v = checked(key.sk_argument, &whence);
-        check_dim(meta.dim as usize, v.len(), &whence);
-        v.to_vec()
-    };
-    let ef = EF_SEARCH.get() as usize;
-    // a NULL query's rows come in no order: nothing to ask the worker
-    let answer = if st.null_query { None } else { worker::first_round(index, &meta, &store, &query, ef) };
-    match answer {
-        Some(answer) => {
-            st.batch = answer.hits.into();
-            st.handed = Some(answer.handed);
-            st.rounds = 1;
+    // SAFETY: `scan` is a started scan (the caller's contract) of a gpu_graph
+    // index, open and locked while the scan runs; with an ordering key,
+    // orderByData holds it, its argument a real[] datum unless it is null
+    // (the operators take real[]).
+    unsafe {
+        let index = (*scan).indexRelation;
+        if (*scan).numberOfOrderBys == 0 {
+            error!("gpu_graph indexes only answer ORDER BY <distance operator> queries");
         }
-        None => st.search = Some(Search::new(&store, st.metric, &query)),
+        let meta = Meta::read(index);
+        if meta.dim == 0 {
+            st.done = true; // nothing indexed yet
+            return;
+        }
+        let key = &*(*scan).orderByData;
+        st.metric = meta.metric();
+        let store = PageStore::new(index, &meta);
+        let query: Vec<f32> = if key.sk_flags & pg_sys::SK_ISNULL as i32 != 0 {
+            st.null_query = true;
+            vec![0.0; meta.dim as usize]
+        } else {
+            let whence = String::new;
+            let v = checked(key.sk_argument, &whence);
+            check_dim(meta.dim as usize, v.len(), &whence);
+            v.to_vec()
+        };
+        let ef = EF_SEARCH.get() as usize;
+        // a NULL query's rows come in no order: nothing to ask the worker
+        let answer = if st.null_query { None } else { worker::first_round(index, &meta, &store, &query, ef) };
+        match answer {
+            Some(answer) => {
+                st.batch = answer.hits.into();
+                st.handed = Some(answer.handed);
+                st.rounds = 1;
+            }
+            None => st.search = Some(Search::new(&store, st.metric, &query)),
+        }
+        st.query = query;
+        st.store = Some(store);
     }
-    st.query = query;
-    st.store = Some(store);
 }
 
 #[pg_guard]
 pub unsafe extern "C-unwind" fn amgettuple(scan: pg_sys::IndexScanDesc, _dir: pg_sys::ScanDirection::Type) -> bool {
-    let st = state(scan);
-    if st.store.is_none() && !st.done {
-        start(scan, st);
-    }
-    let mode = ITERATIVE_SCAN.get();
-    loop {
-        if st.done {
-            return false;
+    // SAFETY: PostgreSQL calls amgettuple on a scan ambeginscan started,
+    // of an index open and locked while the scan runs; the state is borrowed
+    // only here during the call, and xs_orderbyvals and xs_orderbynulls have
+    // room for one value (ambeginscan).
+    unsafe {
+        let st = state(scan);
+        if st.store.is_none() && !st.done {
+            start(scan, st);
         }
-        if let Some(hit) = st.batch.pop_front() {
-            if mode == IterativeScan::StrictOrder && hit.dist < st.last {
-                continue;
+        let mode = ITERATIVE_SCAN.get();
+        loop {
+            if st.done {
+                return false;
             }
-            st.last = st.last.max(hit.dist);
-            (*scan).xs_heaptid = payload_to_tid(hit.payload);
-            (*scan).xs_recheck = false;
-            (*scan).xs_recheckorderby = false;
-            *(*scan).xs_orderbyvals = pg_sys::Datum::from(st.metric.to_sql(hit.dist).to_bits());
-            *(*scan).xs_orderbynulls = st.null_query;
-            return true;
+            if let Some(hit) = st.batch.pop_front() {
+                if mode == IterativeScan::StrictOrder && hit.dist < st.last {
+                    continue;
+                }
+                st.last = st.last.max(hit.dist);
+                (*scan).xs_heaptid = payload_to_tid(hit.payload);
+                (*scan).xs_recheck = false;
+                (*scan).xs_recheckorderby = false;
+                *(*scan).xs_orderbyvals = pg_sys::Datum::from(st.metric.to_sql(hit.dist).to_bits());
+                *(*scan).xs_orderbynulls = st.null_query;
+                return true;
+            }
+            if mode == IterativeScan::Off && st.rounds > 0 {
+                return false;
+            }
+            pg_sys::check_for_interrupts!();
+            let store = st.store.as_ref().unwrap();
+            if st.search.is_none() {
+                // the worker answered the first round: go on from its nodes
+                worker::cpu_after_worker();
+                st.search = Some(Search::resume(store, st.metric, &st.query, st.handed.as_deref().unwrap_or_default()));
+            }
+            let batch = st.search.as_mut().unwrap().next_round(store, EF_SEARCH.get() as usize);
+            st.rounds += 1;
+            if batch.is_empty() {
+                st.done = true;
+                return false;
+            }
+            st.batch = batch.into();
         }
-        if mode == IterativeScan::Off && st.rounds > 0 {
-            return false;
-        }
-        pg_sys::check_for_interrupts!();
-        let store = st.store.as_ref().unwrap();
-        if st.search.is_none() {
-            // the worker answered the first round: go on from its nodes
-            worker::cpu_after_worker();
-            st.search = Some(Search::resume(store, st.metric, &st.query, st.handed.as_deref().unwrap_or_default()));
-        }
-        let batch = st.search.as_mut().unwrap().next_round(store, EF_SEARCH.get() as usize);
-        st.rounds += 1;
-        if batch.is_empty() {
-            st.done = true;
-            return false;
-        }
-        st.batch = batch.into();
     }
 }
 
 #[pg_guard]
 pub unsafe extern "C-unwind" fn amendscan(scan: pg_sys::IndexScanDesc) {
-    // free the search's memory now rather than with the context
-    let st = state(scan);
-    st.search = None;
-    st.handed = None;
-    st.batch = VecDeque::new();
+    // SAFETY: PostgreSQL calls amendscan on a scan ambeginscan started, whose
+    // state is borrowed nowhere else during the call.
+    unsafe {
+        // free the search's memory now rather than with the context
+        let st = state(scan);
+        st.search = None;
+        st.handed = None;
+        st.batch = VecDeque::new();
+    }
 }

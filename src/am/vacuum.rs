@@ -14,6 +14,8 @@ use crate::storage::page_store::PageStore;
 
 fn stats_or_new(stats: *mut pg_sys::IndexBulkDeleteResult) -> *mut pg_sys::IndexBulkDeleteResult {
     if stats.is_null() {
+        // SAFETY: VACUUM calls its index callbacks in a memory context that
+        // lasts the whole command, where the result is palloc'd zeroed.
         unsafe { pg_sys::palloc0(std::mem::size_of::<pg_sys::IndexBulkDeleteResult>()) as *mut _ }
     } else {
         stats
@@ -27,44 +29,50 @@ pub unsafe extern "C-unwind" fn ambulkdelete(
     callback: pg_sys::IndexBulkDeleteCallback,
     callback_state: *mut std::ffi::c_void,
 ) -> *mut pg_sys::IndexBulkDeleteResult {
-    let stats = stats_or_new(stats);
-    let index = (*info).index;
-    let meta = Meta::read(index);
-    if meta.dim == 0 {
-        return stats;
-    }
-    let callback = callback.expect("ambulkdelete without a callback");
-    let store = PageStore::new(index, &meta);
-    let mut deleted = Vec::new();
-    let mut removed = 0.0;
-    for node in 0..store.node_count() {
-        if node % 1024 == 0 {
-            pg_sys::vacuum_delay_point();
+    // SAFETY: VACUUM calls ambulkdelete with `info` naming the open, locked
+    // gpu_graph index and `stats` NULL or its earlier result; `callback` with
+    // `callback_state` says whether a heap TID is dead.
+    unsafe {
+        let stats = stats_or_new(stats);
+        let index = (*info).index;
+        let meta = Meta::read(index);
+        if meta.dim == 0 {
+            return stats;
         }
-        let Some(v) = store.visit(node, |_| 0.0) else { continue };
-        if v.deleted {
-            deleted.push(node); // left by an interrupted VACUUM: repair it now
-            continue;
+        let callback = callback.expect("ambulkdelete without a callback");
+        let store = PageStore::new(index, &meta);
+        let mut deleted = Vec::new();
+        let mut removed = 0.0;
+        for node in 0..store.node_count() {
+            if node % 1024 == 0 {
+                pg_sys::vacuum_delay_point();
+            }
+            let Some(v) = store.visit(node, |_| 0.0) else { continue };
+            if v.deleted {
+                deleted.push(node); // left by an interrupted VACUUM: repair it now
+                continue;
+            }
+            let mut tid = payload_to_tid(v.payload);
+            if callback(&mut tid, callback_state) {
+                store.mark_deleted(node);
+                deleted.push(node);
+                removed += 1.0;
+            }
         }
-        let mut tid = payload_to_tid(v.payload);
-        if callback(&mut tid, callback_state) {
-            store.mark_deleted(node);
-            deleted.push(node);
-            removed += 1.0;
+        (*stats).tuples_removed += removed;
+        if !deleted.is_empty() {
+            repair::repair(&store, &deleted);
+            refill_free_list(&store);
         }
+        stats
     }
-    (*stats).tuples_removed += removed;
-    if !deleted.is_empty() {
-        repair::repair(&store, &deleted);
-        refill_free_list(&store);
-    }
-    stats
 }
 
 /// Free slots beyond the meta page's free list wait for a later VACUUM: give
 /// them to the list when it has room again.
-unsafe fn refill_free_list(store: &PageStore) {
-    let meta = Meta::read(store.rel);
+fn refill_free_list(store: &PageStore) {
+    // SAFETY: the store's index is an open gpu_graph index (PageStore::new's contract).
+    let meta = unsafe { Meta::read(store.rel) };
     if meta.free_count as usize >= FREE_CAP {
         return;
     }
@@ -79,14 +87,17 @@ unsafe fn refill_free_list(store: &PageStore) {
         }
     }
     if !extra.is_empty() {
-        Meta::update(store.rel, |m| {
-            for n in extra {
-                if (m.free_count as usize) < FREE_CAP && !m.free[..m.free_count as usize].contains(&n) {
-                    m.free[m.free_count as usize] = n;
-                    m.free_count += 1;
+        // SAFETY: as above.
+        unsafe {
+            Meta::update(store.rel, |m| {
+                for n in extra {
+                    if (m.free_count as usize) < FREE_CAP && !m.free[..m.free_count as usize].contains(&n) {
+                        m.free[m.free_count as usize] = n;
+                        m.free_count += 1;
+                    }
                 }
-            }
-        });
+            })
+        }
     }
 }
 
@@ -95,24 +106,28 @@ pub unsafe extern "C-unwind" fn amvacuumcleanup(
     info: *mut pg_sys::IndexVacuumInfo,
     stats: *mut pg_sys::IndexBulkDeleteResult,
 ) -> *mut pg_sys::IndexBulkDeleteResult {
-    if (*info).analyze_only {
-        return stats;
-    }
-    let stats = stats_or_new(stats);
-    let index = (*info).index;
-    let meta = Meta::read(index);
-    let mut live = 0.0;
-    if meta.dim != 0 {
-        let store = PageStore::new(index, &meta);
-        for node in 0..meta.node_count {
-            if let Some(v) = store.visit(node, |_| 0.0) {
-                if !v.deleted {
-                    live += 1.0;
+    // SAFETY: VACUUM calls amvacuumcleanup with `info` naming the open, locked
+    // gpu_graph index and `stats` NULL or ambulkdelete's result.
+    unsafe {
+        if (*info).analyze_only {
+            return stats;
+        }
+        let stats = stats_or_new(stats);
+        let index = (*info).index;
+        let meta = Meta::read(index);
+        let mut live = 0.0;
+        if meta.dim != 0 {
+            let store = PageStore::new(index, &meta);
+            for node in 0..meta.node_count {
+                if let Some(v) = store.visit(node, |_| 0.0) {
+                    if !v.deleted {
+                        live += 1.0;
+                    }
                 }
             }
         }
+        (*stats).num_index_tuples = live;
+        (*stats).num_pages = pg_sys::RelationGetNumberOfBlocksInFork(index, pg_sys::ForkNumber::MAIN_FORKNUM);
+        stats
     }
-    (*stats).num_index_tuples = live;
-    (*stats).num_pages = pg_sys::RelationGetNumberOfBlocksInFork(index, pg_sys::ForkNumber::MAIN_FORKNUM);
-    stats
 }

@@ -7,10 +7,14 @@ use pgrx::prelude::*;
 use crate::types::array::{non_finite, real_array, MAX_DIM};
 
 /// Where a vector came from, for error messages: " (row (0,5))" or "".
-pub fn at_tid(tid: pg_sys::ItemPointer) -> String {
+///
+/// # Safety
+/// `tid` must be NULL or point at a TID.
+pub unsafe fn at_tid(tid: pg_sys::ItemPointer) -> String {
     if tid.is_null() {
         return String::new();
     }
+    // SAFETY: a non-null `tid` points at a TID (the caller's contract).
     let (block, offset) = pgrx::itemptr::item_pointer_get_both(unsafe { *tid });
     format!(" (row ({block},{offset}))")
 }
@@ -24,7 +28,8 @@ fn data_error(msg: String) -> ! {
 /// # Safety
 /// `datum` must be a non-null real[] datum.
 pub unsafe fn checked<'a>(datum: pg_sys::Datum, whence: &dyn Fn() -> String) -> &'a [f32] {
-    let v = match real_array(datum) {
+    // SAFETY: `datum` is a non-null real[] datum (the caller's contract).
+    let v = match unsafe { real_array(datum) } {
         Ok(v) => v,
         Err(e) => data_error(format!("{}{}", e.message(), whence())),
     };

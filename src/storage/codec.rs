@@ -169,6 +169,7 @@ impl<'a> PageMut<'a> {
         PageMut { page }
     }
 
+    #[cfg(test)]
     pub fn as_ref(&self) -> PageRef<'_> {
         PageRef { contents: &self.page[PAGE_HEADER..] }
     }

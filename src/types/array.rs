@@ -32,9 +32,14 @@ impl VectorError {
 /// # Safety
 /// `datum` must be a non-null datum of an array type.
 pub unsafe fn real_array<'a>(datum: pg_sys::Datum) -> Result<&'a [f32], VectorError> {
-    let arr = pg_sys::pg_detoast_datum(datum.cast_mut_ptr()) as *mut pg_sys::ArrayType;
-    let ndim = (*arr).ndim;
-    if (*arr).elemtype != pg_sys::FLOAT4OID {
+    // SAFETY: `datum` is a non-null array datum (the caller's contract);
+    // pg_detoast_datum returns it, or a detoasted copy in the current memory
+    // context, as a whole ArrayType.
+    let (arr, ndim, elemtype, dataoffset) = unsafe {
+        let arr = pg_sys::pg_detoast_datum(datum.cast_mut_ptr()) as *mut pg_sys::ArrayType;
+        (arr, (*arr).ndim, (*arr).elemtype, (*arr).dataoffset)
+    };
+    if elemtype != pg_sys::FLOAT4OID {
         return Err(VectorError::NotReal);
     }
     if ndim == 0 {
@@ -43,16 +48,20 @@ pub unsafe fn real_array<'a>(datum: pg_sys::Datum) -> Result<&'a [f32], VectorEr
     if ndim != 1 {
         return Err(VectorError::MultiDim(ndim));
     }
-    if (*arr).dataoffset != 0 {
+    if dataoffset != 0 {
         // a null bitmap is present: some element is NULL
         return Err(VectorError::HasNulls);
     }
-    let dims = (arr as *const u8).add(std::mem::size_of::<pg_sys::ArrayType>()) as *const i32;
-    let len = *dims as usize;
     // ARR_OVERHEAD_NONULLS(1): header plus dims and lbound, MAXALIGNed
     let header = (std::mem::size_of::<pg_sys::ArrayType>() + 2 * std::mem::size_of::<i32>() + 7) & !7;
-    let data = (arr as *const u8).add(header) as *const f32;
-    Ok(std::slice::from_raw_parts(data, len))
+    // SAFETY: a one-dimensional float4 array without a null bitmap is its
+    // header, ARR_DIMS (the length) and ARR_LBOUND, then `len` float4 values
+    // at the MAXALIGNed offset `header`; the array is MAXALIGNed in memory
+    // that lives as long as the current memory context.
+    unsafe {
+        let len = *((arr as *const u8).add(std::mem::size_of::<pg_sys::ArrayType>()) as *const i32) as usize;
+        Ok(std::slice::from_raw_parts((arr as *const u8).add(header) as *const f32, len))
+    }
 }
 
 /// Raises the ERROR for a vector that cannot be indexed or compared.

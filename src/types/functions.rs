@@ -8,9 +8,20 @@ use pgrx::prelude::*;
 use super::array::{error, real_array};
 
 /// Both arguments of a distance function, checked alike.
+///
+/// # Safety
+/// `fcinfo` must be the call of a strict function of two real[] arguments.
 unsafe fn two_vectors<'a>(fcinfo: pg_sys::FunctionCallInfo) -> (&'a [f32], &'a [f32]) {
-    let a = real_array(pgrx::fcinfo::pg_getarg_datum_raw(fcinfo, 0)).unwrap_or_else(|e| error(e));
-    let b = real_array(pgrx::fcinfo::pg_getarg_datum_raw(fcinfo, 1)).unwrap_or_else(|e| error(e));
+    // SAFETY: a strict function is called with two non-null arguments, here
+    // real[] datums (the caller's contract).
+    let (a, b) = unsafe {
+        (
+            real_array(pgrx::fcinfo::pg_getarg_datum_raw(fcinfo, 0)),
+            real_array(pgrx::fcinfo::pg_getarg_datum_raw(fcinfo, 1)),
+        )
+    };
+    let a = a.unwrap_or_else(|e| error(e));
+    let b = b.unwrap_or_else(|e| error(e));
     if a.len() != b.len() {
         ereport!(
             ERROR,
@@ -33,7 +44,9 @@ macro_rules! distance_fn {
         #[pg_guard]
         #[no_mangle]
         pub unsafe extern "C-unwind" fn $name(fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Datum {
-            let (a, b) = two_vectors(fcinfo);
+            // SAFETY: sql/operators.sql declares the function STRICT, of
+            // two real[] arguments.
+            let (a, b) = unsafe { two_vectors(fcinfo) };
             let d: f64 = ($kernel)(a, b);
             pg_sys::Datum::from(d.to_bits())
         }

@@ -81,16 +81,20 @@ pub fn register() {
     // from a consistent state on: hot standby scans are served too
     w.bgw_start_time = pg_sys::BgWorkerStartTime::BgWorkerStart_ConsistentState;
     w.bgw_restart_time = RESTART_SECONDS;
+    // SAFETY: called from _PG_init while shared_preload_libraries loads, on
+    // the postmaster's only thread; PostgreSQL copies `w`.
     unsafe { pg_sys::RegisterBackgroundWorker(&mut w) };
 }
 
 fn shutdown_requested() -> bool {
+    // SAFETY: a volatile read of a sig_atomic_t the SIGTERM handler sets.
     unsafe { std::ptr::read_volatile(&raw const pg_sys::ShutdownRequestPending) != 0 }
 }
 
 /// Sleeps on the latch up to `timeout` (a request, SIGTERM or SIGHUP wakes it).
 fn sleep(timeout: Duration) {
     let ms = timeout.as_micros().div_ceil(1000).max(1) as i64;
+    // SAFETY: MyLatch is this process's own latch, set up at its start.
     unsafe {
         pg_sys::WaitLatch(
             pg_sys::MyLatch,
@@ -107,6 +111,9 @@ pub extern "C-unwind" fn gpu_graph_worker_main(_arg: pg_sys::Datum) {
     BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
     BackgroundWorker::connect_worker_to_spi(None, None);
     let shared = shared().expect("the search worker runs only when gpu_graph is preloaded");
+    // SAFETY: the worker's main thread, at its start: no resource owner is
+    // set yet (there is no transaction), and at_exit has the signature
+    // before_shmem_exit expects.
     unsafe {
         // buffer pins need a resource owner; there is no transaction here
         pg_sys::CurrentResourceOwner =
@@ -120,9 +127,12 @@ pub extern "C-unwind" fn gpu_graph_worker_main(_arg: pg_sys::Datum) {
             let until = Instant::now() + Duration::from_secs(RETRY_SECONDS);
             while !shutdown_requested() && Instant::now() < until {
                 sleep(until - Instant::now());
+                // SAFETY: as in `sleep`.
                 unsafe { pg_sys::ResetLatch(pg_sys::MyLatch) };
                 pg_sys::check_for_interrupts!();
             }
+            // SAFETY: ends the process; nothing of ours needs unwinding
+            // (the exit callback marks the worker absent).
             unsafe { pg_sys::proc_exit(1) };
         }
     };
@@ -131,9 +141,12 @@ pub extern "C-unwind" fn gpu_graph_worker_main(_arg: pg_sys::Datum) {
     }
     let auto_limit = device.auto_limit();
     shared.worker_device.store(device.code(), Ordering::Relaxed);
-    shared.worker_procno.store(unsafe { (*pg_sys::MyProc).pgprocno }, Ordering::Release);
+    // SAFETY: MyProc and MyProcPid are this process's, set before its main
+    // function runs.
+    let (procno, pid) = unsafe { ((*pg_sys::MyProc).pgprocno, pg_sys::MyProcPid) };
+    shared.worker_procno.store(procno, Ordering::Release);
     shared.worker_starts.fetch_add(1, Ordering::AcqRel);
-    shared.worker_pid.store(unsafe { pg_sys::MyProcPid }, Ordering::Release);
+    shared.worker_pid.store(pid, Ordering::Release);
     log!("gpu_graph search worker: serving index scans on {}", device.describe());
 
     let mut w = Worker { shared, device, auto_limit, residency: Residency::default(), inflight: Vec::new() };
@@ -145,6 +158,7 @@ pub extern "C-unwind" fn gpu_graph_worker_main(_arg: pg_sys::Datum) {
         Err(why) => log!("gpu_graph search worker: exiting after a device failure: {why}"),
     }
     drop(w);
+    // SAFETY: ends the process once its copies and the device are released.
     unsafe { pg_sys::proc_exit(1) };
 }
 
@@ -157,12 +171,18 @@ unsafe extern "C-unwind" fn at_exit(_code: i32, _arg: pg_sys::Datum) {
     shared.residents.publish(&[]);
     for slot in shared.slots() {
         if matches!(slot.state().1, State::Submitted | State::Working) {
-            set_latch(std::ptr::read_volatile(&slot.request().procno));
+            // SAFETY: a submitted request is not written until its backend
+            // lets go of the slot and claims one again; the read is volatile,
+            // and a stale procno wakes some other process once (set_latch
+            // checks the range), which latches allow.
+            set_latch(unsafe { std::ptr::read_volatile(&slot.request().procno) });
         }
     }
     // a load in progress holds session locks on its index and database;
     // outside a transaction nothing else would release them
-    pg_sys::LockReleaseAll(pg_sys::DEFAULT_LOCKMETHOD as u16, true);
+    // SAFETY: the worker's exit callback, on its main thread; the worker
+    // holds no lock it still needs.
+    unsafe { pg_sys::LockReleaseAll(pg_sys::DEFAULT_LOCKMETHOD as u16, true) };
 }
 
 /// A request the worker holds (its slot in WORKING).
@@ -203,6 +223,7 @@ impl Worker {
         let mut last_sweep = Instant::now();
         let spin = if matches!(self.device, Device::Gpu(_)) { GPU_SPIN } else { Duration::ZERO };
         loop {
+            // SAFETY: as in `sleep`.
             unsafe { pg_sys::ResetLatch(pg_sys::MyLatch) };
             // ProcSignal barriers (DROP DATABASE waits for every process to
             // close its files) and a cancel (an ERROR: the worker restarts)
@@ -210,16 +231,22 @@ impl Worker {
             if shutdown_requested() {
                 return Ok(());
             }
-            if unsafe { std::ptr::read_volatile(&raw const pg_sys::ConfigReloadPending) } != 0 {
-                unsafe {
+            // SAFETY: the SIGHUP handler sets the flag (a sig_atomic_t, read
+            // volatile); on the main thread, as PostgreSQL's own processes do,
+            // clear it and reread the configuration.
+            unsafe {
+                if std::ptr::read_volatile(&raw const pg_sys::ConfigReloadPending) != 0 {
                     pg_sys::ConfigReloadPending = 0;
                     pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP);
                 }
             }
             let took = self.take_requests()?;
             let on_device = self.progress()?;
+            // SAFETY: the worker lives on the process's main thread
+            // (gpu_graph_worker_main), which has a resource owner.
             let loading = unsafe { self.residency.step(&self.device, self.limit(), self.shared)? };
             if last_sweep.elapsed() >= SWEEP_EVERY {
+                // SAFETY: as for the step above.
                 unsafe { self.residency.forget_dropped(&self.device, self.shared) };
                 last_sweep = Instant::now();
             }
@@ -251,9 +278,13 @@ impl Worker {
         Ok(took)
     }
 
+    /// Starts the search of the request in slot `i`, just taken under `seq`.
     fn start(&mut self, i: usize, seq: u64) -> Result<(), String> {
         let shared = self.shared;
+        // SAFETY: take_requests took the slot (WORKING under `seq`): no one
+        // writes its request until the worker lets go of it.
         let req = unsafe { shared.slots()[i].request() };
+        // SAFETY: reads the clock; any process may.
         let taken_at = unsafe { pg_sys::GetCurrentTimestamp() };
         add(&shared.counters.taken, 1);
         add(&shared.counters.queue_us, (taken_at - req.submitted_at).max(0) as u64);
@@ -270,6 +301,7 @@ impl Worker {
             },
             Lookup::Unfit => Work::Done(Err(Outcome::Unfit)),
             Lookup::Stale => {
+                // SAFETY: the worker's main thread, as in `serve`.
                 unsafe { self.residency.want(req, &self.device, self.limit(), shared) };
                 Work::Done(Err(Outcome::Stale))
             }
@@ -319,13 +351,17 @@ impl Worker {
     fn answer(&self, f: InFlight) {
         let slot = &self.shared.slots()[f.slot];
         // read before DONE: the backend may free and someone reuse the slot after
-        let procno = unsafe { slot.request().procno };
-        let reply = unsafe { slot.reply_mut() };
+        // SAFETY: the worker holds the slot (WORKING, or ABANDONED if its
+        // backend gave up) under f.seq until `slot.answer` below; only it
+        // touches the request and the reply meanwhile.
+        let (procno, reply) = unsafe { (slot.request().procno, slot.reply_mut()) };
         let c = &self.shared.counters;
         match f.work {
             Work::Done(Ok(hits)) => {
                 add(&c.searched, 1);
-                add(&c.search_us, (unsafe { pg_sys::GetCurrentTimestamp() } - f.taken_at).max(0) as u64);
+                // SAFETY: reads the clock; any process may.
+                let now = unsafe { pg_sys::GetCurrentTimestamp() };
+                add(&c.search_us, (now - f.taken_at).max(0) as u64);
                 let n = hits.len().min(MAX_HITS);
                 for (j, &(_, node)) in hits[..n].iter().enumerate() {
                     reply.nodes[j] = node;

@@ -65,7 +65,8 @@ pub unsafe fn first_round(
         add(&counters().scans_cpu, 1);
         return None;
     }
-    let answer = ask(index, meta, query, ef);
+    // SAFETY: `index` is open (the caller's contract).
+    let answer = unsafe { ask(index, meta, query, ef) };
     record(answer.as_ref().err().copied().unwrap_or(Outcome::Answered));
     answer.ok().map(|nodes| verify(store, meta, query, nodes))
 }
@@ -87,9 +88,12 @@ impl Claim {
     fn new(shared: &'static Shared) -> Option<Claim> {
         let slots = shared.slots();
         // each backend starts at its own place, so claims rarely collide
+        // SAFETY: MyProc is this backend's PGPROC, set up before any query runs.
         let start = unsafe { (*pg_sys::MyProc).pgprocno } as usize % slots.len();
         (0..slots.len()).map(|j| (start + j) % slots.len()).find_map(|i| {
             let seq = slots[i].claim()?;
+            // SAFETY: a backend may register exit callbacks at any time; this
+            // one has the signature before_shmem_exit expects.
             EXIT_CALLBACK
                 .call_once(|| unsafe { pg_sys::before_shmem_exit(Some(let_go_at_exit), pg_sys::Datum::from(0)) });
             HELD_SEQ.store(seq, Ordering::Relaxed);
@@ -115,26 +119,35 @@ unsafe extern "C-unwind" fn let_go_at_exit(_code: i32, _arg: pg_sys::Datum) {
 }
 
 /// Submits the query and waits; the answer's node ids.
+///
+/// # Safety
+/// `index` must be an open index relation.
 unsafe fn ask(index: pg_sys::Relation, meta: &Meta, query: &[f32], ef: usize) -> Result<Vec<u32>, Outcome> {
     let shared = shared().ok_or(Outcome::Absent)?;
     shared.worker().ok_or(Outcome::Absent)?;
-    let rel = &*index;
+    // SAFETY: `index` is open (the caller's contract), with its relcache
+    // entry and pg_class row.
+    let rel = unsafe { &*index };
+    // SAFETY: as above.
+    let persistence = unsafe { (*rel.rd_rel).relpersistence } as u8;
     // a temporary index lives in this backend's local buffers
-    if (*rel.rd_rel).relpersistence as u8 == pg_sys::RELPERSISTENCE_TEMP || query.len() > MAX_DIM {
+    if persistence == pg_sys::RELPERSISTENCE_TEMP || query.len() > MAX_DIM {
         return Err(Outcome::Unfit);
     }
     let claim = Claim::new(shared).ok_or(Outcome::Busy)?;
     let starts = shared.worker_starts.load(Ordering::Acquire);
-    let submitted_at = pg_sys::GetCurrentTimestamp();
+    // SAFETY: reads the clock; any backend may.
+    let submitted_at = unsafe { pg_sys::GetCurrentTimestamp() };
     {
-        let r = claim.slot.request_mut();
-        r.procno = (*pg_sys::MyProc).pgprocno;
-        r.db = pg_sys::MyDatabaseId.to_u32();
+        // SAFETY: the claim holds the slot in FILLING under its sequence number.
+        let r = unsafe { claim.slot.request_mut() };
+        // SAFETY: MyProc and MyDatabaseId are this backend's, set before any query runs.
+        (r.procno, r.db) = unsafe { ((*pg_sys::MyProc).pgprocno, pg_sys::MyDatabaseId.to_u32()) };
         r.index = rel.rd_id.to_u32();
         r.spc_node = rel.rd_node.spcNode.to_u32();
         r.db_node = rel.rd_node.dbNode.to_u32();
         r.rel_node = rel.rd_node.relNode.to_u32();
-        r.permanent = (*rel.rd_rel).relpersistence as u8 == pg_sys::RELPERSISTENCE_PERMANENT;
+        r.permanent = persistence == pg_sys::RELPERSISTENCE_PERMANENT;
         r.fault = INJECT_FAULT.get();
         r.generation = meta.generation;
         r.ef = ef.min(MAX_HITS) as u32;
@@ -147,10 +160,13 @@ unsafe fn ask(index: pg_sys::Relation, meta: &Meta, query: &[f32], ef: usize) ->
     claim.slot.submit(claim.seq);
     set_latch(shared.worker_procno.load(Ordering::Acquire));
     wait(shared, &claim, starts)?;
-    let reply = claim.slot.reply();
+    // SAFETY: wait returned Ok: the slot is DONE under the claim's sequence number.
+    let reply = unsafe { claim.slot.reply() };
     match reply.outcome {
         Outcome::Answered => {
-            add(&counters().roundtrip_us, (pg_sys::GetCurrentTimestamp() - submitted_at).max(0) as u64);
+            // SAFETY: as for submitted_at.
+            let now = unsafe { pg_sys::GetCurrentTimestamp() };
+            add(&counters().roundtrip_us, (now - submitted_at).max(0) as u64);
             Ok(reply.nodes[..reply.n as usize].to_vec())
         }
         other => Err(other),
@@ -160,7 +176,7 @@ unsafe fn ask(index: pg_sys::Relation, meta: &Meta, query: &[f32], ef: usize) ->
 /// Sleeps on the latch until the slot is answered, the timeout passes or the
 /// worker is gone. Interrupts are served while waiting: a cancel raises its
 /// ERROR here and the claim lets go of the slot as the ERROR unwinds.
-unsafe fn wait(shared: &Shared, claim: &Claim, starts: u64) -> Result<(), Outcome> {
+fn wait(shared: &Shared, claim: &Claim, starts: u64) -> Result<(), Outcome> {
     let timeout = Duration::from_millis(GPU_TIMEOUT.get() as u64);
     let t0 = Instant::now();
     loop {
@@ -178,13 +194,16 @@ unsafe fn wait(shared: &Shared, claim: &Claim, starts: u64) -> Result<(), Outcom
         }
         // look again at least every 100 ms whatever wakes us
         let ms = left.min(Duration::from_millis(100)).as_micros().div_ceil(1000) as i64;
-        pg_sys::WaitLatch(
-            pg_sys::MyLatch,
-            (pg_sys::WL_LATCH_SET | pg_sys::WL_TIMEOUT | pg_sys::WL_EXIT_ON_PM_DEATH) as i32,
-            ms,
-            pg_sys::PG_WAIT_EXTENSION,
-        );
-        pg_sys::ResetLatch(pg_sys::MyLatch);
+        // SAFETY: MyLatch is this backend's own latch, set up at its start.
+        unsafe {
+            pg_sys::WaitLatch(
+                pg_sys::MyLatch,
+                (pg_sys::WL_LATCH_SET | pg_sys::WL_TIMEOUT | pg_sys::WL_EXIT_ON_PM_DEATH) as i32,
+                ms,
+                pg_sys::PG_WAIT_EXTENSION,
+            );
+            pg_sys::ResetLatch(pg_sys::MyLatch);
+        }
         pg_sys::check_for_interrupts!();
     }
 }

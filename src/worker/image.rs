@@ -57,25 +57,37 @@ impl Key {
     /// # Safety
     /// The worker's main thread.
     pub unsafe fn exists(&self) -> bool {
-        let rnode = self.rnode();
-        let smgr = pg_sys::smgropen(rnode, pg_sys::InvalidBackendId);
-        let alive = pg_sys::smgrexists(smgr, pg_sys::ForkNumber::MAIN_FORKNUM)
-            && pg_sys::smgrnblocks(smgr, pg_sys::ForkNumber::MAIN_FORKNUM) > 0;
-        close_files(rnode);
-        alive
+        // SAFETY: on the worker's main thread (the caller's contract) the storage
+        // manager may open a relation's files by RelFileNode, whether or not they
+        // exist; smgrnblocks is asked only when the main fork exists.
+        unsafe {
+            let rnode = self.rnode();
+            let smgr = pg_sys::smgropen(rnode, pg_sys::InvalidBackendId);
+            let alive = pg_sys::smgrexists(smgr, pg_sys::ForkNumber::MAIN_FORKNUM)
+                && pg_sys::smgrnblocks(smgr, pg_sys::ForkNumber::MAIN_FORKNUM) > 0;
+            close_files(rnode);
+            alive
+        }
     }
 }
 
 /// No file handle outlives its use: a dropped index's relfilenode may be
 /// reused once its file is gone.
+///
+/// # Safety
+/// The worker's main thread.
 unsafe fn close_files(rnode: pg_sys::RelFileNode) {
-    pg_sys::smgrclosenode(pg_sys::RelFileNodeBackend { node: rnode, backend: pg_sys::InvalidBackendId });
+    // SAFETY: on the worker's main thread (the caller's contract); closing a
+    // RelFileNode no handle is open for does nothing.
+    unsafe { pg_sys::smgrclosenode(pg_sys::RelFileNodeBackend { node: rnode, backend: pg_sys::InvalidBackendId }) };
 }
 
 /// A session lock taken without waiting, released on drop.
 struct SessionLock(pg_sys::LOCKTAG);
 
 impl SessionLock {
+    /// # Safety
+    /// The worker's main thread, with a resource owner.
     unsafe fn take(field1: u32, field2: u32, field3: u32, kind: pg_sys::LockTagType::Type) -> Option<SessionLock> {
         let tag = pg_sys::LOCKTAG {
             locktag_field1: field1,
@@ -85,7 +97,10 @@ impl SessionLock {
             locktag_type: kind as u8,
             locktag_lockmethodid: pg_sys::DEFAULT_LOCKMETHOD as u8,
         };
-        let got = pg_sys::LockAcquire(&tag, pg_sys::AccessShareLock as i32, true, true);
+        // SAFETY: on the worker's main thread, whose resource owner the lock
+        // manager needs for a lock (the caller's contract); session locks
+        // outlive any transaction and are released on drop or at exit.
+        let got = unsafe { pg_sys::LockAcquire(&tag, pg_sys::AccessShareLock as i32, true, true) };
         (got != pg_sys::LockAcquireResult::LOCKACQUIRE_NOT_AVAIL).then_some(SessionLock(tag))
     }
 }
@@ -94,6 +109,7 @@ impl Drop for SessionLock {
     fn drop(&mut self) {
         // after an ERROR the worker exits; its exit callback releases every lock
         if !std::thread::panicking() {
+            // SAFETY: `self` holds this session lock, taken by `take`.
             unsafe { pg_sys::LockRelease(&self.0, pg_sys::AccessShareLock as i32, true) };
         }
     }
@@ -134,40 +150,13 @@ impl Loader {
     /// # Safety
     /// The worker's main thread, with a resource owner.
     pub unsafe fn begin(req: &Request, limit: usize) -> Begin {
-        // SET_LOCKTAG_OBJECT(InvalidOid, DatabaseRelationId, db, 0), as a
-        // backend connected to the database holds one
-        let Some(db) =
-            SessionLock::take(0, pg_sys::DatabaseRelationId.to_u32(), req.db, pg_sys::LockTagType::LOCKTAG_OBJECT)
-        else {
+        // SAFETY: the worker's main thread, with a resource owner (the
+        // caller's contract).
+        let Some((mut l, blocks)) = (unsafe { Self::open(req) }) else {
             return Begin::NotNow;
         };
-        // SET_LOCKTAG_RELATION(db, index)
-        let Some(index) = SessionLock::take(req.db, req.index, 0, pg_sys::LockTagType::LOCKTAG_RELATION) else {
-            return Begin::NotNow;
-        };
-        let rnode = Key::of(req).rnode();
-        let mut l = Loader {
-            key: Key::of(req),
-            generation: 0,
-            started: Instant::now(),
-            _locks: (index, db),
-            rnode,
-            permanent: req.permanent,
-            strategy: pg_sys::GetAccessStrategy(pg_sys::BufferAccessStrategyType::BAS_BULKREAD),
-            layout: Layout::new(8, 1),
-            next: 1,
-            last: 0,
-            image: None,
-        };
-        let smgr = pg_sys::smgropen(rnode, pg_sys::InvalidBackendId);
-        if !pg_sys::smgrexists(smgr, pg_sys::ForkNumber::MAIN_FORKNUM) {
-            return Begin::NotNow;
-        }
-        let blocks = pg_sys::smgrnblocks(smgr, pg_sys::ForkNumber::MAIN_FORKNUM);
-        if blocks == 0 {
-            return Begin::NotNow; // dropped: the file is kept empty until the next checkpoint
-        }
-        let m: Meta = l.read_block(0, |p| p.meta());
+        // SAFETY: as above; the file has block 0 (open).
+        let m: Meta = unsafe { l.read_block(0, |p| p.meta()) };
         if m.magic != MAGIC || m.version != FORMAT_VERSION || Metric::from_code(m.metric).is_none() {
             return Begin::NotNow;
         }
@@ -194,6 +183,47 @@ impl Loader {
         Begin::Started(Box::new(l))
     }
 
+    /// Locks the index and its database and opens the index's file: a
+    /// loader with no copy yet, and the file's blocks. None when the index
+    /// is locked by someone else or gone.
+    ///
+    /// # Safety
+    /// As for [`Loader::begin`].
+    unsafe fn open(req: &Request) -> Option<(Loader, u32)> {
+        // SAFETY: the worker's main thread, with a resource owner (the
+        // caller's contract), may take session locks and open a relation's
+        // files by RelFileNode; smgrnblocks is asked only when the file exists.
+        unsafe {
+            // SET_LOCKTAG_OBJECT(InvalidOid, DatabaseRelationId, db, 0), as a
+            // backend connected to the database holds one
+            let db =
+                SessionLock::take(0, pg_sys::DatabaseRelationId.to_u32(), req.db, pg_sys::LockTagType::LOCKTAG_OBJECT)?;
+            // SET_LOCKTAG_RELATION(db, index)
+            let index = SessionLock::take(req.db, req.index, 0, pg_sys::LockTagType::LOCKTAG_RELATION)?;
+            let rnode = Key::of(req).rnode();
+            let l = Loader {
+                key: Key::of(req),
+                generation: 0,
+                started: Instant::now(),
+                _locks: (index, db),
+                rnode,
+                permanent: req.permanent,
+                strategy: pg_sys::GetAccessStrategy(pg_sys::BufferAccessStrategyType::BAS_BULKREAD),
+                layout: Layout::new(8, 1),
+                next: 1,
+                last: 0,
+                image: None,
+            };
+            let smgr = pg_sys::smgropen(rnode, pg_sys::InvalidBackendId);
+            if !pg_sys::smgrexists(smgr, pg_sys::ForkNumber::MAIN_FORKNUM) {
+                return None;
+            }
+            let blocks = pg_sys::smgrnblocks(smgr, pg_sys::ForkNumber::MAIN_FORKNUM);
+            // a dropped index's file is kept empty until the next checkpoint
+            (blocks > 0).then_some((l, blocks))
+        }
+    }
+
     pub fn bytes(&self) -> usize {
         self.image.as_ref().map_or(0, FlatIndex::bytes)
     }
@@ -203,18 +233,24 @@ impl Loader {
     /// # Safety
     /// As for [`Loader::begin`], and the block must exist.
     unsafe fn read_block<T>(&self, block: u32, f: impl FnOnce(PageRef) -> T) -> T {
-        let buf = pg_sys::ReadBufferWithoutRelcache(
-            self.rnode,
-            pg_sys::ForkNumber::MAIN_FORKNUM,
-            block,
-            pg_sys::ReadBufferMode::RBM_NORMAL,
-            self.strategy,
-            self.permanent,
-        );
-        pg_sys::LockBuffer(buf, pg_sys::BUFFER_LOCK_SHARE as i32);
-        let out = f(PageRef::new(pg_sys::BufferGetPage(buf)));
-        pg_sys::UnlockReleaseBuffer(buf);
-        out
+        // SAFETY: on the worker's main thread with a resource owner (the
+        // caller's contract), as WAL replay reads a page by RelFileNode; the
+        // session locks keep the file from being removed meanwhile. The view
+        // lives under the share lock, which no process writes through.
+        unsafe {
+            let buf = pg_sys::ReadBufferWithoutRelcache(
+                self.rnode,
+                pg_sys::ForkNumber::MAIN_FORKNUM,
+                block,
+                pg_sys::ReadBufferMode::RBM_NORMAL,
+                self.strategy,
+                self.permanent,
+            );
+            pg_sys::LockBuffer(buf, pg_sys::BUFFER_LOCK_SHARE as i32);
+            let out = f(PageRef::new(pg_sys::BufferGetPage(buf)));
+            pg_sys::UnlockReleaseBuffer(buf);
+            out
+        }
     }
 
     /// Reads up to `budget` more pages; true when the copy is complete.
@@ -232,22 +268,25 @@ impl Loader {
             let page = (b as usize - 1) % l.pages_per_chunk;
             let first = chunk * l.per_chunk;
             let chunk_end = (first + l.per_chunk).min(n);
-            self.read_block(b, |p| {
-                if page == 0 {
-                    for node in first..chunk_end {
-                        image.graph.adjacency[node * l.degree..(node + 1) * l.degree]
-                            .copy_from_slice(p.list(&l, node as u32));
+            // SAFETY: the caller's contract; blocks up to `last` exist (begin).
+            unsafe {
+                self.read_block(b, |p| {
+                    if page == 0 {
+                        for node in first..chunk_end {
+                            image.graph.adjacency[node * l.degree..(node + 1) * l.degree]
+                                .copy_from_slice(p.list(&l, node as u32));
+                        }
+                    } else {
+                        let lo = first + (page - 1) * l.per_vector_page;
+                        for node in lo..(lo + l.per_vector_page).min(chunk_end) {
+                            let t = p.tuple(&l, node as u32);
+                            // the page's flags are the engine's node flags, widened
+                            image.flags[node] = t.header.flags as u8;
+                            image.vectors[node * l.stored_dim..(node + 1) * l.stored_dim].copy_from_slice(t.vector);
+                        }
                     }
-                } else {
-                    let lo = first + (page - 1) * l.per_vector_page;
-                    for node in lo..(lo + l.per_vector_page).min(chunk_end) {
-                        let t = p.tuple(&l, node as u32);
-                        // the page's flags are the engine's node flags, widened
-                        image.flags[node] = t.header.flags as u8;
-                        image.vectors[node * l.stored_dim..(node + 1) * l.stored_dim].copy_from_slice(t.vector);
-                    }
-                }
-            });
+                })
+            };
             self.next += 1;
         }
         self.image = Some(image);
@@ -264,6 +303,8 @@ impl Drop for Loader {
     fn drop(&mut self) {
         // after an ERROR the worker exits, which frees all of this
         if !std::thread::panicking() {
+            // SAFETY: the loader lives on the worker's main thread, and the
+            // strategy is its own, freed once.
             unsafe {
                 close_files(self.rnode);
                 pg_sys::FreeAccessStrategy(self.strategy);

@@ -52,6 +52,9 @@ pub fn preload() {
 /// Wakes the process with this PGPROC number (a stale number wakes some
 /// other process once, which latches allow).
 fn set_latch(procno: i32) {
+    // SAFETY: ProcGlobal and its allProcs array are set up at server start
+    // and live as long as the shared memory; the index is checked against
+    // allProcCount, and SetLatch may be called on any process's latch.
     unsafe {
         let global = pg_sys::ProcGlobal;
         if procno >= 0 && (procno as u32) < (*global).allProcCount {

@@ -69,7 +69,9 @@ impl Residency {
             return;
         }
         let key = Key::of(req);
-        let l = match Loader::begin(req, limit) {
+        // SAFETY: the worker's main thread, with its resource owner (the
+        // caller's contract).
+        let l = match unsafe { Loader::begin(req, limit) } {
             Begin::Started(l) => l,
             Begin::NotNow => return,
             Begin::TooLarge { generation, bytes } => {
@@ -110,7 +112,9 @@ impl Residency {
     /// The worker's main thread.
     pub unsafe fn step(&mut self, device: &Device, limit: usize, shared: &Shared) -> Result<bool, String> {
         let Some(l) = self.loading.as_mut() else { return Ok(false) };
-        if !l.step(PAGES_PER_STEP) {
+        // SAFETY: the worker's main thread (the caller's contract), where
+        // the load began.
+        if !unsafe { l.step(PAGES_PER_STEP) } {
             return Ok(true);
         }
         let l = self.loading.take().unwrap();
@@ -122,7 +126,8 @@ impl Residency {
                 // the device may hold it smaller (fp16) or larger than planned
                 self.make_room(bytes, limit, device, shared);
                 self.clock += 1;
-                let loaded_at = pg_sys::GetCurrentTimestamp();
+                // SAFETY: reads the clock; any process may.
+                let loaded_at = unsafe { pg_sys::GetCurrentTimestamp() };
                 self.residents.push(Resident { key, generation, handle, nodes, bytes, loaded_at, used: self.clock });
                 self.unfit.retain(|&(k, _)| k != key);
                 add(&shared.counters.loads, 1);
@@ -175,16 +180,18 @@ impl Residency {
     /// # Safety
     /// The worker's main thread.
     pub unsafe fn forget_dropped(&mut self, device: &Device, shared: &Shared) {
+        // SAFETY: the worker's main thread (the caller's contract).
+        let exists = |k: &Key| unsafe { k.exists() };
         let before = self.residents.len();
         let mut i = 0;
         while i < self.residents.len() {
-            if self.residents[i].key.exists() {
+            if exists(&self.residents[i].key) {
                 i += 1;
             } else {
                 device.remove(self.residents.swap_remove(i).handle);
             }
         }
-        self.unfit.retain(|(k, _)| k.exists());
+        self.unfit.retain(|(k, _)| exists(k));
         if self.residents.len() != before {
             self.publish(shared);
         }

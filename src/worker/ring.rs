@@ -110,7 +110,9 @@ pub struct Slot {
     reply: UnsafeCell<Reply>,
 }
 
-// The cells are written only by the process the state word makes their owner.
+// SAFETY: the word is atomic; the cells are written only by the process the
+// state word makes their owner, and read by the other side only after an
+// acquire load of the word has seen the owner's release of them.
 unsafe impl Sync for Slot {}
 
 impl Slot {
@@ -142,7 +144,9 @@ impl Slot {
     /// The caller holds the slot in FILLING under its sequence number.
     #[allow(clippy::mut_from_ref)]
     pub unsafe fn request_mut(&self) -> &mut Request {
-        &mut *self.request.get()
+        // SAFETY: in FILLING only the claiming backend touches the request
+        // (the caller's contract).
+        unsafe { &mut *self.request.get() }
     }
 
     /// Backend: FILLING → SUBMITTED (a release store publishes the request).
@@ -171,7 +175,9 @@ impl Slot {
     /// # Safety
     /// The slot is DONE under the caller's sequence number.
     pub unsafe fn reply(&self) -> &Reply {
-        &*self.reply.get()
+        // SAFETY: in DONE the worker has released the reply and writes it no
+        // more (the caller's contract).
+        unsafe { &*self.reply.get() }
     }
 
     /// Worker: SUBMITTED → WORKING; the sequence number of the request taken.
@@ -185,7 +191,10 @@ impl Slot {
     /// # Safety
     /// The worker holds the slot in WORKING (or ABANDONED) under `seq`.
     pub unsafe fn request(&self) -> &Request {
-        &*self.request.get()
+        // SAFETY: once submitted the backend writes the request no more, and
+        // the slot cannot be claimed again while the worker holds it (the
+        // caller's contract).
+        unsafe { &*self.request.get() }
     }
 
     /// Worker, in WORKING.
@@ -194,7 +203,9 @@ impl Slot {
     /// As for [`Slot::request`].
     #[allow(clippy::mut_from_ref)]
     pub unsafe fn reply_mut(&self) -> &mut Reply {
-        &mut *self.reply.get()
+        // SAFETY: in WORKING or ABANDONED only the worker touches the reply
+        // (the caller's contract).
+        unsafe { &mut *self.reply.get() }
     }
 
     /// Worker: whether the backend has given up on request `seq`.

@@ -35,6 +35,9 @@ pub const DEVICE_GPU: u32 = 2;
 /// PG_CACHE_LINE_SIZE: ShmemInitStruct hands out memory aligned to it.
 const ALIGN: usize = 128;
 
+// the slots after the header are aligned
+const _: () = assert!(ALIGN.is_multiple_of(std::mem::align_of::<Slot>()));
+
 fn header_size() -> usize {
     std::mem::size_of::<Shared>().next_multiple_of(ALIGN)
 }
@@ -51,11 +54,17 @@ static mut PREV_STARTUP: pg_sys::shmem_startup_hook_type = None;
 /// The shared memory, when gpu_graph was preloaded.
 pub fn shared() -> Option<&'static Shared> {
     let p = SHARED.load(Ordering::Acquire);
+    // SAFETY: a non-null SHARED points at the initialised shared memory
+    // (startup stores it after setting it up), which lives as long as the
+    // process; everything in it that changes is atomic or in a cell.
     (!p.is_null()).then(|| unsafe { &*p })
 }
 
 impl Shared {
     pub fn slots(&self) -> &[Slot] {
+        // SAFETY: `nslots` slots follow the header in the one allocation
+        // startup set up (see `size`), aligned: the header is padded to the
+        // cache line, a multiple of Slot's alignment.
         unsafe {
             let first = (self as *const Shared as *const u8).add(header_size()) as *const Slot;
             std::slice::from_raw_parts(first, self.nslots as usize)
@@ -71,6 +80,8 @@ impl Shared {
 /// Installs the hooks (from _PG_init while shared_preload_libraries loads).
 pub fn install(worker_registered: bool) {
     CONFIGURED.store(worker_registered, Ordering::Relaxed);
+    // SAFETY: _PG_init runs on the postmaster's only thread while it loads
+    // shared_preload_libraries, before either hook can be called.
     unsafe {
         PREV_REQUEST = pg_sys::shmem_request_hook;
         pg_sys::shmem_request_hook = Some(request);
@@ -81,28 +92,38 @@ pub fn install(worker_registered: bool) {
 
 #[pg_guard]
 unsafe extern "C-unwind" fn request() {
-    if let Some(prev) = PREV_REQUEST {
-        prev();
+    // SAFETY: the postmaster calls the hook once, on its only thread, after
+    // install set PREV_REQUEST; requesting shared memory is allowed there.
+    unsafe {
+        if let Some(prev) = PREV_REQUEST {
+            prev();
+        }
+        pg_sys::RequestAddinShmemSpace(size(WORKER_SLOTS.get() as usize));
     }
-    pg_sys::RequestAddinShmemSpace(size(WORKER_SLOTS.get() as usize));
 }
 
 #[pg_guard]
 unsafe extern "C-unwind" fn startup() {
-    if let Some(prev) = PREV_STARTUP {
-        prev();
+    // SAFETY: the postmaster (or a backend, in EXEC_BACKEND builds) calls
+    // the hook on its only thread after install set PREV_STARTUP. Holding
+    // AddinShmemInitLock (MainLWLockArray entry 21), ShmemInitStruct returns
+    // the segment of `size(nslots)` bytes, zeroed here by whoever creates it.
+    unsafe {
+        if let Some(prev) = PREV_STARTUP {
+            prev();
+        }
+        let nslots = WORKER_SLOTS.get() as usize;
+        let lock = &raw mut (*pg_sys::MainLWLockArray.add(21)).lock; // AddinShmemInitLock
+        pg_sys::LWLockAcquire(lock, pg_sys::LWLockMode::LW_EXCLUSIVE);
+        let mut found = false;
+        let p = pg_sys::ShmemInitStruct(c"gpu_graph search worker".as_ptr(), size(nslots), &mut found) as *mut Shared;
+        if !found {
+            // all zero: every slot FREE with sequence number 0, counters at 0
+            std::ptr::write_bytes(p as *mut u8, 0, size(nslots));
+            (*p).nslots = nslots as u32;
+            (*p).configured = CONFIGURED.load(Ordering::Relaxed);
+        }
+        pg_sys::LWLockRelease(lock);
+        SHARED.store(p, Ordering::Release);
     }
-    let nslots = WORKER_SLOTS.get() as usize;
-    let lock = &raw mut (*pg_sys::MainLWLockArray.add(21)).lock; // AddinShmemInitLock
-    pg_sys::LWLockAcquire(lock, pg_sys::LWLockMode::LW_EXCLUSIVE);
-    let mut found = false;
-    let p = pg_sys::ShmemInitStruct(c"gpu_graph search worker".as_ptr(), size(nslots), &mut found) as *mut Shared;
-    if !found {
-        // all zero: every slot FREE with sequence number 0, counters at 0
-        std::ptr::write_bytes(p as *mut u8, 0, size(nslots));
-        (*p).nslots = nslots as u32;
-        (*p).configured = CONFIGURED.load(Ordering::Relaxed);
-    }
-    pg_sys::LWLockRelease(lock);
-    SHARED.store(p, Ordering::Release);
 }

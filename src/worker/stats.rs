@@ -112,7 +112,7 @@ pub struct ResidentTable {
     entries: UnsafeCell<[ResidentEntry; SHOWN_RESIDENTS]>,
 }
 
-// The cell is accessed only under `lock`.
+// SAFETY: the cell is read and written only under `lock` (see `locked`).
 unsafe impl Sync for ResidentTable {}
 
 impl ResidentTable {
@@ -120,6 +120,8 @@ impl ResidentTable {
         while self.lock.compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed).is_err() {
             std::hint::spin_loop();
         }
+        // SAFETY: the spin lock is held: no other reference to the entries
+        // exists until it is released below.
         let out = f(unsafe { &mut *self.entries.get() }, &self.n);
         self.lock.store(false, Ordering::Release);
         out

@@ -1,11 +1,14 @@
 //! Memory behind RAII types, so each allocation is freed in one place.
 //!
 //! Device memory is cudarc's `CudaSlice` (freed on drop, on the stream it was
-//! allocated on), allocated through [`zeroed`]. Page-locked host memory is
-//! [`Pinned`]: cudarc's own pinned slice synchronises on an event at every
-//! access and cannot be mapped into the device's address space, both wrong
-//! for the search server, whose host threads and kernel share such memory
-//! through a lock-free protocol.
+//! allocated on), allocated through [`zeroed`]; on devices with memory pools
+//! cudarc takes it from the stream-ordered pool. Stream memory operations
+//! (cuStreamWriteValue32, the search server's slot words) refuse pool
+//! memory, so what they write is [`PlainDevice`] (cuMemAlloc). Page-locked
+//! host memory is [`Pinned`]: cudarc's own pinned slice synchronises on an
+//! event at every access and cannot be mapped into the device's address
+//! space, both wrong for the search server, whose host threads and kernel
+//! share such memory through a lock-free protocol.
 
 use std::ffi::c_void;
 use std::sync::Arc;
@@ -29,6 +32,37 @@ pub fn zeroed<T: DeviceRepr + ValidAsZeroBits>(
 /// the address records nothing.
 pub fn device_addr<T>(s: &CudaSlice<T>) -> u64 {
     s.device_ptr(s.stream()).0
+}
+
+/// Zeroed device memory from cuMemAlloc, not from a pool.
+pub struct PlainDevice {
+    ctx: Arc<CudaContext>,
+    addr: sys::CUdeviceptr,
+}
+
+impl PlainDevice {
+    pub fn new(ctx: &Arc<CudaContext>, bytes: usize, what: &str) -> Result<PlainDevice, GpuError> {
+        let bytes = bytes.max(4);
+        ctx.bind_to_thread().map_err(|e| cuda("binding the context", e))?;
+        // SAFETY: a plain allocation of `bytes`, owned by the value returned.
+        let addr = unsafe { result::malloc_sync(bytes) }.map_err(|e| cuda(&format!("allocating {what}"), e))?;
+        let d = PlainDevice { ctx: ctx.clone(), addr };
+        // SAFETY: `bytes` bytes were just allocated at `addr`.
+        unsafe { result::memset_d8_sync(addr, 0, bytes) }.map_err(|e| cuda(&format!("clearing {what}"), e))?;
+        Ok(d)
+    }
+    pub fn addr(&self) -> u64 {
+        self.addr
+    }
+}
+
+impl Drop for PlainDevice {
+    fn drop(&mut self) {
+        let _ = self.ctx.bind_to_thread();
+        // SAFETY: allocated in `new`, freed once, after its users stopped
+        // (the search server leaks it when its kernel would not stop).
+        let _ = unsafe { result::free_sync(self.addr) };
+    }
 }
 
 /// Page-locked host memory, zeroed, optionally mapped into the device's

@@ -214,7 +214,7 @@ fn start_server(gpu: &Gpu, o: &Opts, pol: Pol) -> SearchServer {
         si.shared_bytes,
         si.groups,
         si.visited_log2,
-        si.stream_mem_ops,
+        si.stream_mem_ops.as_ref().map_or_else(|e| format!("no ({e})"), |_| "yes".into()),
         si.device_bytes >> 20,
         si.pinned_bytes >> 20
     );

@@ -83,9 +83,10 @@ pub struct ServerInfo {
     pub list_cap: usize,
     pub k_max: usize,
     pub max_dim: usize,
-    /// slot words written by cuStreamWriteValue32 (false: a 4-byte async
-    /// copy on the same stream, where the device lacks stream memory ops)
-    pub stream_mem_ops: bool,
+    /// slot words written by cuStreamWriteValue32 (Err: a 4-byte async copy
+    /// on the same stream instead, and why: the device or driver refused
+    /// stream memory operations)
+    pub stream_mem_ops: Result<(), String>,
     /// device bytes of the server itself (slots, visited tables)
     pub device_bytes: usize,
     /// pinned host bytes
@@ -186,7 +187,7 @@ impl SearchServer {
                 list_cap: z.list_cap,
                 k_max: z.k_max,
                 max_dim: cfg.max_dim,
-                stream_mem_ops: slots.stream_mem_ops,
+                stream_mem_ops: slots.stream_mem_ops.clone(),
                 device_bytes: z.device_bytes(),
                 pinned_bytes: z.pinned_bytes(),
                 compile_ms: kernel.compile_ms,

@@ -31,7 +31,7 @@ use super::plan::{QueryPlan, Sizing, FINISH_STRIDE_WORDS};
 use super::registry::Resident;
 use crate::abi::{self, RequestHead, ResultHead, ResultHit, SearchParams};
 use crate::error::{cuda, GpuError};
-use crate::memory::{device_addr, zeroed, Pinned};
+use crate::memory::{device_addr, zeroed, Pinned, PlainDevice};
 
 /// One answered query with the kernel's work counters.
 #[derive(Clone, Debug)]
@@ -73,9 +73,9 @@ pub(crate) struct Slots {
     groups: Vec<Group>,
     group_of: Vec<u16>,
     /// slot words: written by cuStreamWriteValue32 (else a 4-byte copy from
-    /// `words`, where the device lacks stream memory operations)
-    pub stream_mem_ops: bool,
-    cmd: CudaSlice<u32>,
+    /// `words`, where the device lacks stream memory operations; Err says why)
+    pub stream_mem_ops: Result<(), String>,
+    cmd: PlainDevice,
     done: CudaSlice<u32>,
     reqs: CudaSlice<u8>,
     visited: CudaSlice<u64>,
@@ -106,8 +106,8 @@ impl Slots {
             states: (0..slots).map(|_| Mutex::new(SlotState::default())).collect(),
             groups: gs,
             group_of,
-            stream_mem_ops: false,
-            cmd: zeroed(mgmt, slots, "the slot words")?,
+            stream_mem_ops: Ok(()),
+            cmd: PlainDevice::new(ctx, slots * 4, "the slot words")?,
             done: zeroed(mgmt, slots, "the slot counters")?,
             reqs: zeroed(mgmt, slots * z.req_stride, "the request buffers")?,
             visited: zeroed(mgmt, slots << z.visited_log2, "the visited tables")?,
@@ -118,17 +118,22 @@ impl Slots {
             z: z.clone(),
         };
         mgmt.synchronize().map_err(|e| cuda("clearing the slots", e))?;
-        // stream memory operations: try one on a word nobody reads yet
-        // SAFETY: `done` is a live device allocation of at least 4 bytes.
-        let probe = unsafe { sys::cuStreamWriteValue32_v2(mgmt.cu_stream(), device_addr(&s.done), 0, 0) };
-        let stream_mem_ops = probe == CUresult::CUDA_SUCCESS && mgmt.synchronize().is_ok();
+        // stream memory operations: try one on a slot word (no kernel reads
+        // it yet); a device or driver without them refuses it
+        // SAFETY: `cmd` is a live cuMemAlloc allocation of one word per slot.
+        let probe = unsafe { sys::cuStreamWriteValue32_v2(mgmt.cu_stream(), s.cmd.addr(), 0, 0) };
+        let stream_mem_ops = match (probe, mgmt.synchronize()) {
+            (CUresult::CUDA_SUCCESS, Ok(())) => Ok(()),
+            (CUresult::CUDA_SUCCESS, Err(e)) => Err(format!("{e:?}")),
+            (r, _) => Err(err_name(r)),
+        };
         mgmt.synchronize().map_err(|e| cuda("synchronising", e))?;
         Ok(Slots { stream_mem_ops, ..s })
     }
 
     /// The slot part of the kernel's parameter.
     pub fn params(&self, p: &mut SearchParams) {
-        p.cmd = device_addr(&self.cmd);
+        p.cmd = self.cmd.addr();
         p.reqs = device_addr(&self.reqs);
         p.visited = device_addr(&self.visited);
         p.done = device_addr(&self.done);
@@ -191,8 +196,8 @@ impl Slots {
     pub fn write_cmd(&self, slot: u32, value: u32) -> Result<(), String> {
         let stream = &self.groups[self.group_of[slot as usize] as usize].stream;
         stream.context().bind_to_thread().map_err(|e| format!("binding the context: {e:?}"))?;
-        let addr = device_addr(&self.cmd) + 4 * slot as u64;
-        let r = if self.stream_mem_ops {
+        let addr = self.cmd.addr() + 4 * slot as u64;
+        let r = if self.stream_mem_ops.is_ok() {
             // SAFETY: `addr` is this slot's word; cudarc has no stream write.
             unsafe { sys::cuStreamWriteValue32_v2(stream.cu_stream(), addr, value, 0) }
         } else {
@@ -377,7 +382,7 @@ impl Slots {
                 std::ptr::write_volatile(w.add(i), abi::CMD_QUIT);
             }
             let words = std::slice::from_raw_parts(w as *const u32, n);
-            if result::memcpy_htod_async(device_addr(&self.cmd), words, mgmt.cu_stream()).is_ok() {
+            if result::memcpy_htod_async(self.cmd.addr(), words, mgmt.cu_stream()).is_ok() {
                 let _ = mgmt.synchronize();
             }
         }

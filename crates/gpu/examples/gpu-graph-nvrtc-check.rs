@@ -25,6 +25,10 @@ struct Opts {
     /// Include folders handed to NVRTC.
     #[arg(short = 'I')]
     include: Vec<String>,
+    /// Further NVRTC options (e.g. --option=--ptxas-options=-v to see
+    /// registers and spills; its report then counts as a warning).
+    #[arg(long = "option", allow_hyphen_values = true)]
+    option: Vec<String>,
     /// Kernel files to check instead of the embedded ones.
     files: Vec<PathBuf>,
 }
@@ -74,7 +78,8 @@ fn check(k: &KernelSource, headers: &[KernelSource], targets: &[Target], extra: 
 fn main() {
     let o = Opts::parse();
     let targets: Vec<Target> = o.arch.iter().map(|a| parse_target(a)).collect();
-    let extra: Vec<String> = o.include.iter().map(|d| format!("-I{d}")).collect();
+    let mut extra: Vec<String> = o.include.iter().map(|d| format!("-I{d}")).collect();
+    extra.extend(o.option.iter().cloned());
     let (mut sources, headers): (Vec<KernelSource>, Vec<KernelSource>) = if o.files.is_empty() {
         (nvrtc::ALL.to_vec(), nvrtc::HEADERS.to_vec())
     } else {

@@ -31,9 +31,9 @@ use super::image::Key;
 use super::outcome::Outcome;
 use super::residency::{Lookup, Residency};
 use super::ring::{State, MAX_HITS};
-use super::set_latch;
 use super::shmem::{shared, Shared};
 use super::stats::add;
+use super::{set_latch, sleep};
 use crate::gucs::{WorkerDevice, WorkerStart, GPU_MEMORY_LIMIT, WORKER, WORKER_DEVICE};
 
 /// Seconds the postmaster waits before starting a worker that exited.
@@ -89,20 +89,6 @@ pub fn register() {
 fn shutdown_requested() -> bool {
     // SAFETY: a volatile read of a sig_atomic_t the SIGTERM handler sets.
     unsafe { std::ptr::read_volatile(&raw const pg_sys::ShutdownRequestPending) != 0 }
-}
-
-/// Sleeps on the latch up to `timeout` (a request, SIGTERM or SIGHUP wakes it).
-fn sleep(timeout: Duration) {
-    let ms = timeout.as_micros().div_ceil(1000).max(1) as i64;
-    // SAFETY: MyLatch is this process's own latch, set up at its start.
-    unsafe {
-        pg_sys::WaitLatch(
-            pg_sys::MyLatch,
-            (pg_sys::WL_LATCH_SET | pg_sys::WL_TIMEOUT | pg_sys::WL_EXIT_ON_PM_DEATH) as i32,
-            ms,
-            pg_sys::PG_WAIT_EXTENSION,
-        );
-    }
 }
 
 #[pg_guard]

@@ -27,9 +27,9 @@ use pgrx::pg_sys;
 
 use super::outcome::Outcome;
 use super::ring::{Slot, MAX_HITS};
-use super::set_latch;
 use super::shmem::{shared, Shared};
 use super::stats::{add, counters, record};
+use super::{set_latch, sleep};
 use crate::gucs::{SearchDevice, GPU_TIMEOUT, INJECT_FAULT, SEARCH_DEVICE, WORKER_DELAY};
 use crate::storage::meta::Meta;
 use crate::storage::page_store::PageStore;
@@ -193,17 +193,9 @@ fn wait(shared: &Shared, claim: &Claim, starts: u64) -> Result<(), Outcome> {
             return Err(Outcome::Timeout);
         }
         // look again at least every 100 ms whatever wakes us
-        let ms = left.min(Duration::from_millis(100)).as_micros().div_ceil(1000) as i64;
+        sleep(left.min(Duration::from_millis(100)));
         // SAFETY: MyLatch is this backend's own latch, set up at its start.
-        unsafe {
-            pg_sys::WaitLatch(
-                pg_sys::MyLatch,
-                (pg_sys::WL_LATCH_SET | pg_sys::WL_TIMEOUT | pg_sys::WL_EXIT_ON_PM_DEATH) as i32,
-                ms,
-                pg_sys::PG_WAIT_EXTENSION,
-            );
-            pg_sys::ResetLatch(pg_sys::MyLatch);
-        }
+        unsafe { pg_sys::ResetLatch(pg_sys::MyLatch) };
         pg_sys::check_for_interrupts!();
     }
 }

@@ -259,7 +259,7 @@ impl SearchServer {
     /// stored_dim values) for its k nearest with beam `ef`, planned by the
     /// server's [`SearchPolicy`]. Takes a free slot or fails with Busy.
     pub fn submit(&self, index: ResidentId, query: &[f32], k: usize, ef: usize) -> Result<Ticket, SearchError> {
-        self.inner.submit(&self.inner, None, index, query, k, &self.plan(k, ef))
+        Inner::submit(&self.inner, None, index, query, k, &self.plan(k, ef))
     }
 
     /// Submits with an explicit plan (measurements).
@@ -270,7 +270,7 @@ impl SearchServer {
         k: usize,
         plan: &QueryPlan,
     ) -> Result<Ticket, SearchError> {
-        self.inner.submit(&self.inner, None, index, query, k, plan)
+        Inner::submit(&self.inner, None, index, query, k, plan)
     }
 
     /// Submits into one slot group (0..info().groups) only: for a caller that
@@ -283,7 +283,7 @@ impl SearchServer {
         k: usize,
         ef: usize,
     ) -> Result<Ticket, SearchError> {
-        self.inner.submit(&self.inner, Some(group), index, query, k, &self.plan(k, ef))
+        Inner::submit(&self.inner, Some(group), index, query, k, &self.plan(k, ef))
     }
 
     /// The answer if the GPU has finished, without blocking.
@@ -384,8 +384,9 @@ impl Inner {
         r
     }
 
+    /// Takes a slot and sends the query; the ticket holds a weak reference
+    /// to the server.
     fn submit(
-        &self,
         this: &Arc<Inner>,
         group: Option<usize>,
         index: ResidentId,
@@ -393,35 +394,35 @@ impl Inner {
         k: usize,
         plan: &QueryPlan,
     ) -> Result<Ticket, SearchError> {
-        self.health.usable()?;
-        let res = self.registry.resident(index)?;
+        this.health.usable()?;
+        let res = this.registry.resident(index)?;
         let bad = |s: String| Err(SearchError::Invalid(s));
         if query.len() != res.dim {
             return bad(format!("query of {} values for an index of stored dimension {}", query.len(), res.dim));
         }
-        if k == 0 || k > self.info.k_max {
-            return bad(format!("k = {k} (1 to {})", self.info.k_max));
+        if k == 0 || k > this.info.k_max {
+            return bad(format!("k = {k} (1 to {})", this.info.k_max));
         }
-        if plan.ctas == 0 || plan.ctas as usize > self.info.ctas_per_slot {
-            return bad(format!("{} CTAs (1 to {})", plan.ctas, self.info.ctas_per_slot));
+        if plan.ctas == 0 || plan.ctas as usize > this.info.ctas_per_slot {
+            return bad(format!("{} CTAs (1 to {})", plan.ctas, this.info.ctas_per_slot));
         }
-        if plan.list == 0 || plan.list as usize > self.info.list_cap {
-            return bad(format!("a list of {} per CTA (at most {}; ef too large)", plan.list, self.info.list_cap));
+        if plan.list == 0 || plan.list as usize > this.info.list_cap {
+            return bad(format!("a list of {} per CTA (at most {}; ef too large)", plan.list, this.info.list_cap));
         }
-        if let Some(g) = group.filter(|&g| g >= self.slots.groups()) {
-            return bad(format!("group {g} of {}", self.slots.groups()));
+        if let Some(g) = group.filter(|&g| g >= this.slots.groups()) {
+            return bad(format!("group {g} of {}", this.slots.groups()));
         }
-        let slot = match self.slots.take(group) {
+        let slot = match this.slots.take(group) {
             Some(s) => s,
-            None if self.slots.reclaim() > 0 => self.slots.take(group).ok_or(SearchError::Busy)?,
+            None if this.slots.reclaim() > 0 => this.slots.take(group).ok_or(SearchError::Busy)?,
             None => return Err(SearchError::Busy),
         };
-        let mut st = self.slots.state(slot);
-        match self.slots.send(slot, &mut st, &res, query, k, plan) {
+        let mut st = this.slots.state(slot);
+        match this.slots.send(slot, &mut st, &res, query, k, plan) {
             Ok(cmd) => Ok(Ticket { inner: Arc::downgrade(this), slot, cmd, done: false }),
             Err(why) => {
-                self.slots.release(slot, &mut st);
-                Err(self.health.poison(why, true))
+                this.slots.release(slot, &mut st);
+                Err(this.health.poison(why, true))
             }
         }
     }

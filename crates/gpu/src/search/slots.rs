@@ -199,21 +199,17 @@ impl Slots {
         let addr = self.cmd.addr() + 4 * slot as u64;
         let r = if self.stream_mem_ops.is_ok() {
             // SAFETY: `addr` is this slot's word; cudarc has no stream write.
-            unsafe { sys::cuStreamWriteValue32_v2(stream.cu_stream(), addr, value, 0) }
+            unsafe { sys::cuStreamWriteValue32_v2(stream.cu_stream(), addr, value, 0) }.result()
         } else {
             // SAFETY: the slot's staging word is ours while we own the slot;
             // the copy is ordered on the same stream as the request's.
             unsafe {
                 let w = (self.words.ptr() as *mut u32).add(slot as usize);
                 std::ptr::write_volatile(w, value);
-                sys::cuMemcpyHtoDAsync_v2(addr, w as *const std::ffi::c_void, 4, stream.cu_stream())
+                result::memcpy_htod_async(addr, std::slice::from_raw_parts(w, 1), stream.cu_stream())
             }
         };
-        if r == CUresult::CUDA_SUCCESS {
-            Ok(())
-        } else {
-            Err(format!("writing a slot word: {}", err_name(r)))
-        }
+        r.map_err(|e| format!("writing a slot word: {}", err_name(e.0)))
     }
 
     /// Fills the slot's request (the slot is ours, `st` its locked state),

@@ -7,6 +7,7 @@ use pgrx::prelude::*;
 
 mod am;
 mod gucs;
+mod latch;
 mod storage;
 mod types;
 mod worker;

@@ -3,7 +3,8 @@
 //! with the same parameters and the same final cut, so either graph serves the
 //! same scans.
 
-use std::time::Instant;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 use gpu_graph_engine::graph::Graph;
 use gpu_graph_engine::params::BuildParams;
@@ -13,6 +14,7 @@ use pgrx::pg_sys;
 use pgrx::prelude::*;
 
 use crate::gucs::{BuildDevice, BUILD_DEVICE};
+use crate::latch;
 
 pub enum Device {
     Cpu { threads: usize },
@@ -27,17 +29,34 @@ pub struct Constructed {
     pub download_ms: f32,
 }
 
-fn interrupt_pending() -> bool {
-    // a plain read of a flag the signal handler sets; CHECK_FOR_INTERRUPTS
-    // itself may longjmp, which must not happen inside CUDA calls
-    // SAFETY: a volatile read of a sig_atomic_t, which is what the signal
-    // handler writes; any thread may read it.
-    unsafe { std::ptr::read_volatile(&raw const pg_sys::InterruptPending) != 0 }
+/// Tells the GPU thread to stop at its next round. Set on the way out of the
+/// backend's side of the build, whichever way it leaves: a cancel or
+/// statement_timeout raised by CHECK_FOR_INTERRUPTS, an ERROR while writing
+/// pages, or the normal end (when the GPU thread is done anyway).
+///
+/// The GPU thread reads only this flag, never PostgreSQL's: InterruptPending
+/// is also set by harmless interrupts (the idle-stats timeout armed before the
+/// statement, ProcSignal barriers, pg_log_backend_memory_contexts) and stays
+/// set while the backend holds interrupts off, so reading it aborted long
+/// builds nobody cancelled. Deciding what an interrupt means is
+/// ProcessInterrupts' job, on the backend thread.
+struct StopOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
 }
 
-fn on_gpu(vectors: &[f32], stored_dim: usize, params: &BuildParams, knn: KnnInit) -> Result<Constructed, GpuError> {
+fn on_gpu(
+    vectors: &[f32],
+    stored_dim: usize,
+    params: &BuildParams,
+    knn: KnnInit,
+    stop: &AtomicBool,
+) -> Result<Constructed, GpuError> {
     let gpu = Gpu::open()?;
-    let (graph, t) = gpu_graph_gpu::build(&gpu, vectors, stored_dim, params, knn, &interrupt_pending)?;
+    let (graph, t) = gpu_graph_gpu::build(&gpu, vectors, stored_dim, params, knn, &|| stop.load(Ordering::Relaxed))?;
     Ok(Constructed {
         graph,
         device: Device::Gpu { name: gpu.info().name.clone() },
@@ -83,19 +102,26 @@ pub fn construct(
 ) -> Constructed {
     let want = BUILD_DEVICE.get();
     if want != BuildDevice::Cpu && rows > 0 {
+        let stop = AtomicBool::new(false);
         let result = std::thread::scope(|s| {
-            let gpu = s.spawn(|| on_gpu(vectors, stored_dim, params, knn));
-            // an ERROR in here unwinds through the scope, which first waits
-            // for the GPU thread (it stops at the next round on a cancel)
+            let gpu = s.spawn(|| on_gpu(vectors, stored_dim, params, knn, &stop));
+            // an ERROR below unwinds through here: the guard stops the GPU
+            // thread, and the scope waits for it (and its device memory to
+            // be freed) before the ERROR goes on
+            let _stop = StopOnDrop(&stop);
             meanwhile();
+            // the backend keeps serving interrupts while the GPU works, so a
+            // cancel or statement_timeout ends the build within a round
+            while !gpu.is_finished() {
+                latch::nap(Duration::from_millis(10));
+            }
             gpu.join().unwrap_or_else(|_| Err(GpuError::Cuda("the GPU build thread panicked".into())))
         });
         match result {
             Ok(c) => return c,
-            Err(GpuError::Cancelled) => {
-                pg_sys::check_for_interrupts!();
-                error!("gpu_graph: index build cancelled");
-            }
+            // only the guard stops the GPU thread, and it is set on the way
+            // out of the scope, never before the thread is done
+            Err(GpuError::Cancelled) => unreachable!("the GPU build stopped with no one leaving"),
             Err(e) if want == BuildDevice::Gpu => {
                 ereport!(
                     ERROR,

@@ -29,6 +29,7 @@ mod ring;
 mod shmem;
 mod stats;
 
+use crate::latch::sleep;
 use pgrx::pg_sys;
 
 pub use client::first_round;
@@ -60,21 +61,5 @@ fn set_latch(procno: i32) {
         if procno >= 0 && (procno as u32) < (*global).allProcCount {
             pg_sys::SetLatch(&raw mut (*(*global).allProcs.add(procno as usize)).procLatch);
         }
-    }
-}
-
-/// Sleeps on this process's latch up to `timeout` (at least a millisecond):
-/// a SetLatch, a signal or the timeout wakes it; the postmaster's death ends
-/// the process.
-fn sleep(timeout: std::time::Duration) {
-    let ms = timeout.as_micros().div_ceil(1000).max(1) as i64;
-    // SAFETY: MyLatch is this process's own latch, set up at its start.
-    unsafe {
-        pg_sys::WaitLatch(
-            pg_sys::MyLatch,
-            (pg_sys::WL_LATCH_SET | pg_sys::WL_TIMEOUT | pg_sys::WL_EXIT_ON_PM_DEATH) as i32,
-            ms,
-            pg_sys::PG_WAIT_EXTENSION,
-        );
     }
 }

@@ -16,20 +16,23 @@ use pgrx::prelude::*;
 use super::construct::{construct, Constructed, Device};
 use super::options;
 use super::vector::{at_tid, check_dim, checked};
+use crate::storage::bulk::BulkWriter;
 use crate::storage::codec::tid_to_payload;
 use crate::storage::meta::{Meta, PHASES};
 use crate::storage::writer;
 
 const PHASE_LOAD: i64 = 2;
-const PHASE_BUILD: i64 = 3;
-const PHASE_WRITE: i64 = 4;
+const PHASE_VECTORS: i64 = 3;
+const PHASE_BUILD: i64 = 4;
+const PHASE_GRAPH: i64 = 5;
 
 #[pg_guard]
 pub unsafe extern "C-unwind" fn ambuildphasename(phase: i64) -> *mut std::ffi::c_char {
     let name: &'static std::ffi::CStr = match phase {
         PHASE_LOAD => c"loading tuples",
+        PHASE_VECTORS => c"writing vector pages",
         PHASE_BUILD => c"building graph",
-        PHASE_WRITE => c"writing pages",
+        PHASE_GRAPH => c"writing graph pages",
         _ => return std::ptr::null_mut(),
     };
     name.as_ptr() as *mut _
@@ -205,8 +208,33 @@ unsafe fn record_build(index: pg_sys::Relation, built: &Constructed, timings: [f
     unsafe { Meta::update(index, update) };
 }
 
+/// What the page phases wrote, for the NOTICE.
+struct Pages {
+    vector_bytes: u64,
+    graph_bytes: u64,
+    /// None when the relation needs no WAL
+    logged_bytes: Option<u64>,
+}
+
+fn megabytes(bytes: u64) -> f64 {
+    bytes as f64 / 1048576.0
+}
+
+impl Pages {
+    fn describe(&self, phase: &str, ms: f32, bytes: u64) -> String {
+        let mb = megabytes(bytes);
+        format!("{phase} {:.2} s ({mb:.0} MB, {:.0} MB/s)", ms / 1000.0, mb / (ms as f64 / 1000.0).max(1e-6))
+    }
+    fn wal(&self) -> String {
+        match self.logged_bytes {
+            Some(b) => format!("{:.0} MB of page images logged", megabytes(b)),
+            None => "no WAL needed".into(),
+        }
+    }
+}
+
 /// The NOTICE that sums a build up.
-fn notice_built(loader: &Loader, built: &Constructed, timings: [f32; 6], total: Instant) {
+fn notice_built(loader: &Loader, built: &Constructed, timings: [f32; 6], pages: &Pages, total: Instant) {
     let device = match &built.device {
         Device::Cpu { threads } => format!("the CPU with {threads} threads"),
         Device::Gpu { name } => format!("the GPU ({name})"),
@@ -215,15 +243,20 @@ fn notice_built(loader: &Loader, built: &Constructed, timings: [f32; 6], total: 
         .iter()
         .zip(timings)
         .filter(|(p, t)| *t > 0.0 || !matches!(**p, "upload" | "download"))
-        .map(|(p, t)| format!("{p} {:.2} s", t / 1000.0))
+        .map(|(p, t)| match *p {
+            "vector pages" => pages.describe(p, t, pages.vector_bytes),
+            "graph pages" => pages.describe(p, t, pages.graph_bytes),
+            _ => format!("{p} {:.2} s", t / 1000.0),
+        })
         .collect();
     notice!(
-        "gpu_graph: built {} rows ({} dims, {}) on {device} in {:.2} s: {}{}",
+        "gpu_graph: built {} rows ({} dims, {}) on {device} in {:.2} s: {}; {}{}",
         loader.payloads.len(),
         loader.dim,
         loader.metric.name(),
         total.elapsed().as_secs_f64(),
         phases.join(", "),
+        pages.wal(),
         if loader.skipped_zero > 0 {
             format!("; {} zero vectors not indexed", loader.skipped_zero)
         } else {
@@ -260,36 +293,43 @@ pub unsafe extern "C-unwind" fn ambuild(
     let layout = meta.layout();
 
     // the vector pages need no graph: they are written while a GPU builds it
+    // SAFETY: `index` is the new, empty index ambuild was given, open
+    // through the build; nothing reads it through shared buffers before
+    // the writer finishes.
+    let mut out = unsafe { BulkWriter::new(index) };
     let mut vector_ms = 0.0;
     let built = construct(&loader.vectors, loader.stored_dim.max(1), n, &params, knn, &mut || {
-        report(pg_sys::PROGRESS_CREATEIDX_SUBPHASE, PHASE_WRITE);
+        report(pg_sys::PROGRESS_CREATEIDX_SUBPHASE, PHASE_VECTORS);
         report(pg_sys::PROGRESS_CREATEIDX_TUPLES_TOTAL, n as i64);
         let t = Instant::now();
-        // SAFETY: `index` is the new, empty index ambuild was given.
-        unsafe {
-            writer::write_vector_pages(index, &meta, &loader.vectors, &loader.payloads, &mut |done| {
-                report(pg_sys::PROGRESS_CREATEIDX_TUPLES_DONE, done as i64);
-                pg_sys::check_for_interrupts!();
-            })
-        };
+        writer::write_vector_pages(&mut out, &meta, &loader.vectors, &loader.payloads, &mut |done| {
+            report(pg_sys::PROGRESS_CREATEIDX_TUPLES_DONE, done as i64);
+            pg_sys::check_for_interrupts!();
+        });
         vector_ms = ms(t);
         report(pg_sys::PROGRESS_CREATEIDX_SUBPHASE, PHASE_BUILD);
+        report(pg_sys::PROGRESS_CREATEIDX_TUPLES_DONE, 0);
     });
+    let vector_bytes = out.bytes;
 
-    report(pg_sys::PROGRESS_CREATEIDX_SUBPHASE, PHASE_WRITE);
+    report(pg_sys::PROGRESS_CREATEIDX_SUBPHASE, PHASE_GRAPH);
     let t = Instant::now();
-    // SAFETY: the index whose vector pages construct's `meanwhile` wrote.
-    unsafe {
-        writer::write_graph_pages(index, &layout, &built.graph, &mut |done| {
-            report(pg_sys::PROGRESS_CREATEIDX_TUPLES_DONE, done as i64)
-        })
+    writer::write_graph_pages(&mut out, &layout, &built.graph, &mut |done| {
+        report(pg_sys::PROGRESS_CREATEIDX_TUPLES_DONE, done as i64);
+        pg_sys::check_for_interrupts!();
+    });
+    let pages = Pages {
+        vector_bytes,
+        graph_bytes: out.bytes - vector_bytes,
+        logged_bytes: out.wal().then_some(out.logged_bytes),
     };
+    out.finish();
     let graph_ms = ms(t);
 
     let timings = [load_ms, built.upload_ms, built.construct_ms, built.download_ms, vector_ms, graph_ms];
     // SAFETY: the index is open, and a gpu_graph index from its meta page on.
     unsafe { record_build(index, &built, timings) };
-    notice_built(&loader, &built, timings, total);
+    notice_built(&loader, &built, timings, &pages, total);
 
     // SAFETY: ambuild runs in a memory context that outlives its result,
     // where alloc0 pallocs a zeroed IndexBuildResult.

@@ -72,20 +72,6 @@ impl Locked {
         // process does not either (the caller's contract).
         unsafe { PageRef::new(pg_sys::BufferGetPage(self.buf)) }
     }
-
-    /// The page in the buffer, written in place (no GenericXLog: a bulk
-    /// write that logs whole pages itself).
-    ///
-    /// # Safety
-    /// The lock must be exclusive, and no other view of this buffer's page
-    /// may live meanwhile.
-    #[allow(clippy::mut_from_ref)]
-    pub unsafe fn page_mut(&self) -> PageMut<'_> {
-        // SAFETY: the buffer is pinned and locked exclusively while `self`
-        // lives, so no other process reads or writes its page; this process
-        // holds no other view of it (the caller's contract).
-        unsafe { PageMut::new(pg_sys::BufferGetPage(self.buf)) }
-    }
 }
 
 impl Drop for Locked {

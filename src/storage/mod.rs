@@ -10,6 +10,7 @@
 //! - [`writer`]: a whole index at once (CREATE INDEX)
 
 pub mod buffer;
+pub mod bulk;
 pub mod codec;
 pub mod layout;
 pub mod meta;

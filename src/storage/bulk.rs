@@ -1,0 +1,193 @@
+//! Writing a new index's pages straight to its file, outside shared buffers,
+//! as nbtsort does for btree: no buffer mapping, pins or content locks per
+//! page, full-page images logged 32 to a record (XLR_MAX_BLOCK_ID), and no
+//! WAL at all where PostgreSQL needs none for the relation (wal_level =
+//! minimal and the relation created in this transaction: the commit syncs
+//! its file; an unlogged index's main fork).
+//!
+//! Durability with WAL, as PostgreSQL 17's bulk_write does it: each write
+//! asks the checkpointer to fsync the segment; if a checkpoint started while
+//! we wrote (its redo pointer moved), it may have finished its fsyncs before
+//! our last pages reached the file, while replay from its redo pointer would
+//! skip our earlier records, so the file is fsynced here before the build
+//! ends.
+//!
+//! Nothing may read these blocks through shared buffers before
+//! [`BulkWriter::finish`]: the buffer manager would not know of them.
+
+use pgrx::pg_sys;
+
+use super::codec::PageMut;
+use super::layout::BLCKSZ;
+
+/// One page image in private memory, MAXALIGNed as the codec and
+/// PostgreSQL's page functions want.
+#[repr(C, align(8))]
+struct Image([u8; BLCKSZ]);
+
+/// InvalidSubTransactionId.
+const INVALID_SUBXACT: pg_sys::SubTransactionId = 0;
+
+/// Whether changes to `rel` are WAL-logged: RelationNeedsWAL.
+///
+/// # Safety
+/// `rel` must be an open relation.
+unsafe fn relation_needs_wal(rel: pg_sys::Relation) -> bool {
+    // SAFETY: an open relation's relcache entry has its pg_class row;
+    // wal_level is a plain setting of this backend.
+    unsafe {
+        let r = &*rel;
+        (*r.rd_rel).relpersistence as u8 == pg_sys::RELPERSISTENCE_PERMANENT
+            && (pg_sys::wal_level >= pg_sys::WalLevel::WAL_LEVEL_REPLICA as i32
+                || (r.rd_createSubid == INVALID_SUBXACT && r.rd_firstRelfilenodeSubid == INVALID_SUBXACT))
+    }
+}
+
+pub struct BulkWriter {
+    rel: pg_sys::Relation,
+    wal: bool,
+    redo_at_start: pg_sys::XLogRecPtr,
+    /// blocks numbered so far (the next block [`BulkWriter::append`] gives)
+    blocks: u32,
+    /// blocks in the file so far
+    extended: u32,
+    /// images waiting to be logged and written, and their block numbers
+    images: Vec<Box<Image>>,
+    numbers: Vec<pg_sys::BlockNumber>,
+    /// whether each queued image is to be logged
+    logged: Vec<bool>,
+    /// images filled so far in `images`
+    filled: usize,
+    /// bytes written to the relation
+    pub bytes: u64,
+    /// bytes of page images logged
+    pub logged_bytes: u64,
+}
+
+impl BulkWriter {
+    /// XLR_MAX_BLOCK_ID: the most pages one record can carry.
+    const BATCH: usize = 32;
+
+    /// # Safety
+    /// `rel` must be a new index relation with an empty main fork, open
+    /// while the writer lives, that no other process can see yet.
+    pub unsafe fn new(rel: pg_sys::Relation) -> BulkWriter {
+        BulkWriter {
+            rel,
+            // SAFETY: `rel` is open (the caller's contract).
+            wal: unsafe { relation_needs_wal(rel) },
+            // SAFETY: reads the shared redo pointer under its spinlock.
+            redo_at_start: unsafe { pg_sys::GetRedoRecPtr() },
+            blocks: 0,
+            extended: 0,
+            images: (0..Self::BATCH).map(|_| Box::new(Image([0; BLCKSZ]))).collect(),
+            numbers: Vec::with_capacity(Self::BATCH),
+            logged: Vec::with_capacity(Self::BATCH),
+            filled: 0,
+            bytes: 0,
+            logged_bytes: 0,
+        }
+    }
+
+    pub fn wal(&self) -> bool {
+        self.wal
+    }
+
+    /// Formats the next block of the file through `format` (which gets a
+    /// zeroed page to format whole) and queues it.
+    pub fn append(&mut self, format: &mut dyn FnMut(&mut PageMut)) {
+        let block = self.blocks;
+        self.blocks += 1;
+        self.queue(block, true, format);
+    }
+
+    /// As [`BulkWriter::append`], for a placeholder that [`BulkWriter::rewrite`]
+    /// will replace before the build ends: written, never logged (if the
+    /// build does not end, the relation goes with its transaction).
+    pub fn append_placeholder(&mut self, format: &mut dyn FnMut(&mut PageMut)) {
+        let block = self.blocks;
+        self.blocks += 1;
+        self.queue(block, false, format);
+    }
+
+    /// Formats an already appended block anew through `format` and queues it.
+    pub fn rewrite(&mut self, block: u32, format: &mut dyn FnMut(&mut PageMut)) {
+        assert!(block < self.blocks, "gpu_graph: rewriting block {block} of {}", self.blocks);
+        if self.numbers.contains(&block) {
+            self.flush(); // one image of a block per record, the older first
+        }
+        self.queue(block, true, format);
+    }
+
+    fn queue(&mut self, block: u32, logged: bool, format: &mut dyn FnMut(&mut PageMut)) {
+        let image = &mut self.images[self.filled];
+        image.0.fill(0);
+        // SAFETY: the image is a MAXALIGNed BLCKSZ page only this view uses.
+        format(&mut unsafe { PageMut::new(image.0.as_mut_ptr() as pg_sys::Page) });
+        self.numbers.push(block);
+        self.logged.push(logged);
+        self.filled += 1;
+        if self.filled == Self::BATCH {
+            self.flush();
+        }
+    }
+
+    /// Logs the queued images in one record (which sets their LSNs), then
+    /// writes them to the file.
+    fn flush(&mut self) {
+        if self.filled == 0 {
+            return;
+        }
+        let pages: Vec<pg_sys::Page> =
+            self.images[..self.filled].iter_mut().map(|i| i.0.as_mut_ptr() as pg_sys::Page).collect();
+        let (mut log_blocks, mut log_pages): (Vec<_>, Vec<_>) =
+            (0..self.filled).filter(|&i| self.wal && self.logged[i]).map(|i| (self.numbers[i], pages[i])).unzip();
+        // SAFETY: `rel` is open (new's contract) and no other process sees
+        // it; every page is a formatted BLCKSZ image in our memory. Appended
+        // blocks are queued in the order they were numbered, so each one
+        // extended is the file's next block.
+        unsafe {
+            if !log_blocks.is_empty() {
+                pg_sys::log_newpages(
+                    &mut (*self.rel).rd_node,
+                    pg_sys::ForkNumber::MAIN_FORKNUM,
+                    log_blocks.len() as i32,
+                    log_blocks.as_mut_ptr(),
+                    log_pages.as_mut_ptr(),
+                    true,
+                );
+                self.logged_bytes += (log_blocks.len() * BLCKSZ) as u64;
+            }
+            let smgr = pg_sys::RelationGetSmgr(self.rel);
+            for (&page, &block) in pages.iter().zip(&self.numbers) {
+                pg_sys::PageSetChecksumInplace(page, block);
+                let data = page as *mut std::ffi::c_char;
+                // with WAL, each write asks the checkpointer to fsync it
+                // (see the module's comment); without, the commit does
+                if block == self.extended {
+                    pg_sys::smgrextend(smgr, pg_sys::ForkNumber::MAIN_FORKNUM, block, data, !self.wal);
+                    self.extended += 1;
+                } else {
+                    pg_sys::smgrwrite(smgr, pg_sys::ForkNumber::MAIN_FORKNUM, block, data, !self.wal);
+                }
+            }
+        }
+        self.bytes += (self.filled * BLCKSZ) as u64;
+        self.filled = 0;
+        self.numbers.clear();
+        self.logged.clear();
+    }
+
+    /// Writes what is queued and makes the file durable as the module's
+    /// comment says. Shared buffers may read the relation after this.
+    pub fn finish(mut self) {
+        self.flush();
+        // SAFETY: `rel` is open (new's contract); reading the redo pointer
+        // takes its spinlock.
+        unsafe {
+            if self.wal && pg_sys::GetRedoRecPtr() != self.redo_at_start {
+                pg_sys::smgrimmedsync(pg_sys::RelationGetSmgr(self.rel), pg_sys::ForkNumber::MAIN_FORKNUM);
+            }
+        }
+    }
+}

@@ -39,6 +39,9 @@ index and sweep
   --table NAME          table name (default items); the index is NAME_embedding_idx
   --skip-load           reuse the loaded table (its row count must equal --rows)
   --skip-build          reuse the built index too
+  --load-only           load the table (COPY + ANALYZE) and stop
+  --column-storage S    ALTER COLUMN embedding SET STORAGE S (plain, main,
+                        external, extended) before the load
   --delete-fraction F   after the build, DELETE a pseudo-random share F of the
                         rows and VACUUM; recall is then measured against the
                         exact neighbours among the remaining rows, and any
@@ -76,6 +79,8 @@ pub struct Args {
     pub table: String,
     pub skip_load: bool,
     pub skip_build: bool,
+    pub load_only: bool,
+    pub column_storage: Option<String>,
     pub delete_fraction: Option<f64>,
     pub csv: Option<PathBuf>,
     pub host: String,
@@ -139,6 +144,8 @@ pub fn parse(argv: &[String]) -> Result<Option<Args>, String> {
         table: "items".into(),
         skip_load: false,
         skip_build: false,
+        load_only: false,
+        column_storage: None,
         delete_fraction: None,
         csv: None,
         host: env_or("PGHOST", "/var/run/postgresql"),
@@ -156,6 +163,10 @@ pub fn parse(argv: &[String]) -> Result<Option<Args>, String> {
                 a.skip_load = true;
                 continue;
             }
+            "--load-only" => {
+                a.load_only = true;
+                continue;
+            }
             "--skip-build" => {
                 a.skip_build = true;
                 a.skip_load = true;
@@ -166,6 +177,7 @@ pub fn parse(argv: &[String]) -> Result<Option<Args>, String> {
         let v = it.next().ok_or_else(|| format!("{flag}: missing value (see --help)"))?.as_str();
         match flag {
             "--dataset" => a.dataset = Some(v.into()),
+            "--column-storage" => a.column_storage = Some(v.into()),
             "--data" => a.data_dir = v.into(),
             "--base" => a.base = Some(v.into()),
             "--query" => a.query = Some(v.into()),

@@ -82,7 +82,8 @@ const QUIET_OFF: &str = "RESET client_min_messages;";
 
 /// (Re)creates `table(id int, embedding real[])` and fills it by binary COPY
 /// with ids 0..n-1 in row order.
-pub fn load(c: &mut Client, table: &str, base: &Vectors) -> Result<Duration, String> {
+/// `storage`: the column's SET STORAGE, when not the default (extended).
+pub fn load(c: &mut Client, table: &str, base: &Vectors, storage: Option<&str>) -> Result<Duration, String> {
     let t = Instant::now();
     exec(
         c,
@@ -90,6 +91,9 @@ pub fn load(c: &mut Client, table: &str, base: &Vectors) -> Result<Duration, Str
             "{QUIET_ON} DROP TABLE IF EXISTS {table}; {QUIET_OFF} CREATE TABLE {table} (id int, embedding real[])"
         ),
     )?;
+    if let Some(s) = storage {
+        exec(c, &format!("ALTER TABLE {table} ALTER COLUMN embedding SET STORAGE {s}"))?;
+    }
     let sink = c
         .copy_in(&format!("COPY {table} (id, embedding) FROM STDIN (FORMAT binary)"))
         .map_err(|e| format!("COPY: {}", pg_err(&e)))?;

@@ -158,9 +158,12 @@ fn load_and_build(
         }
         println!("load: skipped (table {} holds {n} rows)", a.table);
     } else {
-        let t = db::load(c, &a.table, base)?;
+        let t = db::load(c, &a.table, base, a.column_storage.as_deref())?;
         let size = db::relation_size(c, &a.table)?;
         println!("load (COPY + ANALYZE): {:.2} s, table {}", t.as_secs_f64(), mib(size));
+    }
+    if a.load_only {
+        std::process::exit(0);
     }
     let build_s = if a.skip_build {
         println!("build: skipped (reusing {index})");

@@ -3,13 +3,13 @@
 //! with the same parameters and the same final cut, so either graph serves the
 //! same scans.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use gpu_graph_engine::graph::Graph;
 use gpu_graph_engine::params::BuildParams;
 use gpu_graph_engine::rnn_descent;
-use gpu_graph_gpu::{Gpu, GpuError, KnnInit};
+use gpu_graph_gpu::{Control, Gpu, GpuError, KnnInit};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 
@@ -40,11 +40,40 @@ pub struct Constructed {
 /// set while the backend holds interrupts off, so reading it aborted long
 /// builds nobody cancelled. Deciding what an interrupt means is
 /// ProcessInterrupts' job, on the backend thread.
-struct StopOnDrop<'a>(&'a AtomicBool);
+struct StopOnDrop<'a>(&'a Watch);
 
 impl Drop for StopOnDrop<'_> {
     fn drop(&mut self) {
-        self.0.store(true, Ordering::Relaxed);
+        self.0.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Between the GPU thread and the backend: the stop flag, and the rounds
+/// done, which the backend reports as the CPU build does.
+#[derive(Default)]
+struct Watch {
+    stop: AtomicBool,
+    done: AtomicUsize,
+    total: AtomicUsize,
+}
+
+impl Control for Watch {
+    fn stop(&self) -> bool {
+        self.stop.load(Ordering::Relaxed)
+    }
+    fn round(&self, done: usize, total: usize) {
+        self.total.store(total, Ordering::Relaxed);
+        self.done.store(done, Ordering::Relaxed);
+    }
+}
+
+/// A build's rounds in pg_stat_progress_create_index (tuples done / total,
+/// as PostgreSQL's view names its counters).
+fn report_rounds(done: usize, total: usize) {
+    // SAFETY: updates this backend's own progress entry, on its own thread.
+    unsafe {
+        pg_sys::pgstat_progress_update_param(pg_sys::PROGRESS_CREATEIDX_TUPLES_TOTAL as i32, total as i64);
+        pg_sys::pgstat_progress_update_param(pg_sys::PROGRESS_CREATEIDX_TUPLES_DONE as i32, done as i64);
     }
 }
 
@@ -53,10 +82,10 @@ fn on_gpu(
     stored_dim: usize,
     params: &BuildParams,
     knn: KnnInit,
-    stop: &AtomicBool,
+    watch: &Watch,
 ) -> Result<Constructed, GpuError> {
     let gpu = Gpu::open()?;
-    let (graph, t) = gpu_graph_gpu::build(&gpu, vectors, stored_dim, params, knn, &|| stop.load(Ordering::Relaxed))?;
+    let (graph, t) = gpu_graph_gpu::build(&gpu, vectors, stored_dim, params, knn, watch)?;
     Ok(Constructed {
         graph,
         device: Device::Gpu { name: gpu.info().name.clone() },
@@ -69,12 +98,8 @@ fn on_gpu(
 fn on_cpu(vectors: &[f32], stored_dim: usize, params: &BuildParams) -> Constructed {
     let t = Instant::now();
     let graph = rnn_descent::build(vectors, stored_dim, params, &mut |done: usize, all: usize| {
-        // SAFETY: the engine calls back on the calling (backend) thread,
-        // which updates its own progress entry.
-        unsafe {
-            pg_sys::pgstat_progress_update_param(pg_sys::PROGRESS_CREATEIDX_TUPLES_TOTAL as i32, all as i64);
-            pg_sys::pgstat_progress_update_param(pg_sys::PROGRESS_CREATEIDX_TUPLES_DONE as i32, done as i64);
-        }
+        // the engine calls back on the calling (backend) thread
+        report_rounds(done, all);
         pg_sys::check_for_interrupts!();
         true
     })
@@ -102,18 +127,19 @@ pub fn construct(
 ) -> Constructed {
     let want = BUILD_DEVICE.get();
     if want != BuildDevice::Cpu && rows > 0 {
-        let stop = AtomicBool::new(false);
+        let watch = Watch::default();
         let result = std::thread::scope(|s| {
-            let gpu = s.spawn(|| on_gpu(vectors, stored_dim, params, knn, &stop));
+            let gpu = s.spawn(|| on_gpu(vectors, stored_dim, params, knn, &watch));
             // an ERROR below unwinds through here: the guard stops the GPU
             // thread, and the scope waits for it (and its device memory to
             // be freed) before the ERROR goes on
-            let _stop = StopOnDrop(&stop);
+            let _stop = StopOnDrop(&watch);
             meanwhile();
             // the backend keeps serving interrupts while the GPU works, so a
             // cancel or statement_timeout ends the build within a round
             while !gpu.is_finished() {
                 latch::nap(Duration::from_millis(10));
+                report_rounds(watch.done.load(Ordering::Relaxed), watch.total.load(Ordering::Relaxed));
             }
             gpu.join().unwrap_or_else(|_| Err(GpuError::Cuda("the GPU build thread panicked".into())))
         });

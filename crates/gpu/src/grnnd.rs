@@ -133,18 +133,33 @@ pub(crate) fn lanes_for(dp: usize, asked: u32) -> u32 {
     p.clamp(1, 32)
 }
 
-/// Builds the graph on the GPU with [`GpuOptions::default`]. `cancel` is
-/// called between rounds; when it returns true the build stops with
-/// [`GpuError::Cancelled`] and every device buffer is freed.
+/// What the caller of a build can see and say while it runs (on the build's
+/// thread): a closure `|| stop` is one that only may stop it.
+pub trait Control {
+    /// Asked between rounds; true stops the build with
+    /// [`GpuError::Cancelled`], every device buffer freed.
+    fn stop(&self) -> bool;
+    /// Told after each update round: `done` of at most `total` (early
+    /// stopping may end the build before `total`).
+    fn round(&self, _done: usize, _total: usize) {}
+}
+
+impl<F: Fn() -> bool> Control for F {
+    fn stop(&self) -> bool {
+        self()
+    }
+}
+
+/// Builds the graph on the GPU with [`GpuOptions::default`], under `control`.
 pub fn build(
     gpu: &Gpu,
     vectors: &[f32],
     stored_dim: usize,
     params: &BuildParams,
     knn: KnnInit,
-    cancel: &dyn Fn() -> bool,
+    control: &dyn Control,
 ) -> Result<(Graph, PhaseTimes), GpuError> {
-    build_with(gpu, vectors, stored_dim, params, knn, &GpuOptions::default(), cancel)
+    build_with(gpu, vectors, stored_dim, params, knn, &GpuOptions::default(), control)
 }
 
 pub fn build_with(
@@ -154,9 +169,9 @@ pub fn build_with(
     params: &BuildParams,
     knn: KnnInit,
     opts: &GpuOptions,
-    cancel: &dyn Fn() -> bool,
+    control: &dyn Control,
 ) -> Result<(Graph, PhaseTimes), GpuError> {
-    let r = guard("GPU build", || build_inner(gpu, vectors, stored_dim, params, knn, opts, cancel));
+    let r = guard("GPU build", || build_inner(gpu, vectors, stored_dim, params, knn, opts, control));
     // whatever happened, leave no work queued behind freed buffers
     let _ = gpu.stream.synchronize();
     r
@@ -169,7 +184,7 @@ fn build_inner(
     params: &BuildParams,
     knn_init: KnnInit,
     opts: &GpuOptions,
-    cancel: &dyn Fn() -> bool,
+    control: &dyn Control,
 ) -> Result<(Graph, PhaseTimes), GpuError> {
     let degree = params.degree;
     let n = vectors.len().checked_div(dim).unwrap_or(0);
@@ -201,7 +216,7 @@ fn build_inner(
             adj.par_chunks_mut(1024).for_each(|c| c[0] = NO_NODE);
             (entry, adj, t.elapsed().as_secs_f64() * 1e3)
         });
-        let mut run = Run::new(gpu, vectors, dim, params, exact, opts, cancel)?;
+        let mut run = Run::new(gpu, vectors, dim, params, exact, opts, control)?;
         run.start()?;
         run.refine()?;
         let (entry, adjacency, host_ms) = host.join().expect("the host thread panicked");
@@ -255,7 +270,7 @@ struct Run<'a> {
     host: &'a [f32],
     params: &'a BuildParams,
     opts: &'a GpuOptions,
-    cancel: &'a dyn Fn() -> bool,
+    control: &'a dyn Control,
     exact: bool,
     n: usize,
     r: usize,
@@ -278,7 +293,7 @@ impl<'a> Run<'a> {
         params: &'a BuildParams,
         exact: bool,
         opts: &'a GpuOptions,
-        cancel: &'a dyn Fn() -> bool,
+        control: &'a dyn Control,
     ) -> Result<Run<'a>, GpuError> {
         let n = host.len() / dim;
         let (degree, r) = (params.degree, params.r.max(params.degree));
@@ -295,7 +310,7 @@ impl<'a> Run<'a> {
         let dv = DeviceVectors::upload(gpu, host, dim)?;
         st.synchronize().map_err(|e| cuda("uploading the vectors", e))?;
         let times = PhaseTimes { upload_ms: t.elapsed().as_secs_f64() * 1e3, knn_exact: exact, ..Default::default() };
-        if cancel() {
+        if control.stop() {
             return Err(GpuError::Cancelled);
         }
         Ok(Run {
@@ -306,7 +321,7 @@ impl<'a> Run<'a> {
             host,
             params,
             opts,
-            cancel,
+            control,
             exact,
             n,
             r,
@@ -344,7 +359,7 @@ impl<'a> Run<'a> {
 
     fn sync(&self, what: &str) -> Result<(), GpuError> {
         self.st.synchronize().map_err(|e| cuda(what, e))?;
-        if (self.cancel)() {
+        if self.control.stop() {
             return Err(GpuError::Cancelled);
         }
         Ok(())
@@ -358,7 +373,7 @@ impl<'a> Run<'a> {
         let mut keep32 = 0u32;
         if self.exact {
             let k = Self::k_init(self.params, self.n, self.r);
-            let (ki, kd) = knn::knn_device(self.gpu, self.dv(), self.host, k, self.cancel)?;
+            let (ki, kd) = knn::knn_device(self.gpu, self.dv(), self.host, k, self.control)?;
             let k32 = k as u32;
             let c = LaunchConfig {
                 grid_dim: ((self.n * self.r).div_ceil(256) as u32, 1, 1),
@@ -412,7 +427,8 @@ impl<'a> Run<'a> {
             for _ in 0..self.params.t2 {
                 let inserted = self.update(round, mode)?;
                 round += 1;
-                if (self.cancel)() {
+                self.control.round(round as usize, self.params.t1 * self.params.t2);
+                if self.control.stop() {
                     return Err(GpuError::Cancelled);
                 }
                 if self.opts.early_stop > 0.0 && (inserted as f64) < self.opts.early_stop * self.n as f64 {

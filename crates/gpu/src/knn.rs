@@ -52,13 +52,13 @@ fn fp16_scale(vectors: &[f32]) -> f32 {
 
 /// The k-NN of the uploaded vectors, left on the device: (ids, distances),
 /// n x k. `host` are the same vectors on the host (for the fp16 scale).
-/// `cancel` is checked between launches.
+/// `control` may stop it between launches.
 pub(crate) fn knn_device(
     gpu: &Gpu,
     dv: &DeviceVectors,
     host: &[f32],
     k: usize,
-    cancel: &dyn Fn() -> bool,
+    control: &dyn crate::grnnd::Control,
 ) -> Result<(CudaSlice<u32>, CudaSlice<f32>), GpuError> {
     if k == 0 || k > MAX_K {
         return Err(GpuError::Unsupported(format!("exact k-NN with k = {k} (1..={MAX_K})")));
@@ -116,7 +116,7 @@ pub(crate) fn knn_device(
         t = t1;
         if t < ntiles {
             s.synchronize().map_err(|e| cuda("knn_tiles", e))?;
-            if cancel() {
+            if control.stop() {
                 return Err(GpuError::Cancelled);
             }
         }

@@ -46,9 +46,10 @@ sort "$out/interrupts.txt" | uniq -c
   fail "too few interrupts reached the build while the GPU worked to judge"
 q -c "DROP INDEX interrupted"
 
-# cancelled NAME SQL...: runs a GPU build in one session (the SQL sets how it
-# is cancelled) and checks that it was, that no index is left, and that the
-# backend holds no GPU memory afterwards
+# cancelled NAME WITH SQL...: a GPU build (WITH: its index options) in one
+# session, the SQL before it setting how it is cancelled; checked_cancel then
+# checks that it was, that no index is left, and that the backend holds no
+# GPU memory afterwards
 cancelled() {
   local name=$1 with=$2
   shift 2

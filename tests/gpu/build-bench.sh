@@ -9,7 +9,8 @@
 # make_sift128.py output). Settings, from the environment:
 #   TABLE      table name (default bench); LOAD=0 reuses a loaded table
 #   COLUMN     the column's SET STORAGE before the load (default: PostgreSQL's)
-#   STORAGE    gpu_graph storage options to build, e.g. "f32 f16" (default f32)
+#   STORAGE    gpu_graph storage options to build, e.g. "f32 f16" (default:
+#              `default`, no option given)
 #   BUILDS     gpu_graph builds in a row for each, in one ordinary session
 #              (statements before each CREATE INDEX; default 1)
 #   EFS        ef_search values for recall@10 (default "20 40 80")
@@ -25,7 +26,7 @@ stage=$(pwd)/.device
 out=${OUT:-/tmp/gpu-test}
 mkdir -p "$out"
 table=${TABLE:-bench}
-storages=${STORAGE:-f32}
+storages=${STORAGE:-default}
 builds=${BUILDS:-1}
 efs=${EFS:-"20 40 80"}
 qps=${QPS:-0}
@@ -91,7 +92,9 @@ for storage in $storages; do
       echo "SELECT pg_sleep(0.2);"
       echo "DROP INDEX IF EXISTS ${table}_gg;"
       echo "\\timing on"
-      echo "CREATE INDEX ${table}_gg ON $table USING gpu_graph (embedding) WITH (storage = '$storage');"
+      with=""
+      [ "$storage" = default ] || with="WITH (storage = '$storage')"
+      echo "CREATE INDEX ${table}_gg ON $table USING gpu_graph (embedding) $with;"
       echo "\\timing off"
     done
   } >/tmp/bench_builds.sql

@@ -64,14 +64,17 @@ gg_cluster_start() {
     if [ -n "${GG_PG_CONF:-}" ]; then printf '%s\n' "$GG_PG_CONF"; fi
   } >>"$dir/data/postgresql.conf"
   gg_on_exit gg_cluster_stop
-  # a Rust backtrace would land in ERROR details and make test output
-  # depend on the caller's environment
-  if ! gg_as_pg env -u RUST_BACKTRACE -u RUST_LIB_BACKTRACE "$bindir/pg_ctl" -D "$dir/data" -l "$dir/postgres.log" -w -t 120 start >/dev/null 2>&1; then
+  if ! gg_as_pg "${GG_SERVER_ENV[@]}" "$bindir/pg_ctl" -D "$dir/data" -l "$dir/postgres.log" -w -t 120 start >/dev/null 2>&1; then
     tail -n 40 "$dir/postgres.log" >&2 || true
     gg_die "the server did not start (log above, $dir/postgres.log)"
   fi
   export PGHOST=$dir PGPORT=$port PGUSER=postgres PGDATABASE=postgres
 }
+
+# How test servers start: with RUST_BACKTRACE=1, the setting under which
+# pgrx would append a Rust backtrace to ERROR details, so that every suite
+# checks the extension hides them (users must never see one).
+GG_SERVER_ENV=(env -u RUST_LIB_BACKTRACE RUST_BACKTRACE=1)
 
 gg_cluster_stop() {
   local dir=${1:-${GG_CLUSTER_DIR:-}}

@@ -16,6 +16,7 @@ mod worker;
 
 #[pg_guard]
 pub extern "C-unwind" fn _PG_init() {
+    hide_rust_backtraces();
     gucs::register();
     am::options::register();
     // SAFETY: a plain read of a flag PostgreSQL sets while it loads
@@ -23,6 +24,20 @@ pub extern "C-unwind" fn _PG_init() {
     if unsafe { pg_sys::process_shared_preload_libraries_in_progress } {
         gucs::register_postmaster();
         worker::preload();
+    }
+}
+
+/// pgrx turns an ERROR that crosses Rust code into a panic and back, and its
+/// panic hook appends a Rust backtrace to the ERROR's DETAIL whenever the
+/// server's environment has RUST_BACKTRACE set. Users must never see one:
+/// RUST_LIB_BACKTRACE, which std reads first, turns those captures off
+/// (a deliberate RUST_LIB_BACKTRACE is left as it is).
+fn hide_rust_backtraces() {
+    if std::env::var_os("RUST_LIB_BACKTRACE").is_none() {
+        // SAFETY: _PG_init runs while the library loads, on the process's
+        // only thread (gpu_graph starts its threads later, in builds and
+        // in the search worker), so nothing reads the environment meanwhile.
+        unsafe { std::env::set_var("RUST_LIB_BACKTRACE", "0") };
     }
 }
 

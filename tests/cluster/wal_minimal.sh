@@ -51,7 +51,7 @@ echo "before:    $before" | tr '\n' ' '; echo
 [ "$(q -c "SELECT (gpu_graph_info('items_idx')->'nodes'->>'live')::int")" = 20000 ] || fail "the index does not hold 20000 rows"
 
 gg_as_pg "$bindir/pg_ctl" -D "$dir/data" -m immediate -w stop >/dev/null
-gg_as_pg env -u RUST_BACKTRACE "$bindir/pg_ctl" -D "$dir/data" -l "$dir/postgres.log" -w start >/dev/null ||
+gg_as_pg "${GG_SERVER_ENV[@]}" "$bindir/pg_ctl" -D "$dir/data" -l "$dir/postgres.log" -w start >/dev/null ||
   fail "the server did not restart"
 after=$(answers)
 echo "recovered: $after" | tr '\n' ' '; echo

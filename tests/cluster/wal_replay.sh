@@ -30,7 +30,7 @@ standby_port=$((PGPORT + 1))
   echo "port = $standby_port"
   echo "unix_socket_directories = '$standby_dir'"
 } >>"$standby_dir/data/postgresql.conf"
-gg_as_pg env -u RUST_BACKTRACE "$bindir/pg_ctl" -D "$standby_dir/data" -l "$standby_dir/postgres.log" -w start >/dev/null ||
+gg_as_pg "${GG_SERVER_ENV[@]}" "$bindir/pg_ctl" -D "$standby_dir/data" -l "$standby_dir/postgres.log" -w start >/dev/null ||
   { tail -20 "$standby_dir/postgres.log"; fail "standby did not start"; }
 standby=(-h "$standby_dir" -p "$standby_port")
 
@@ -82,7 +82,7 @@ echo "standby:  $on_standby" | tr '\n' ' '; echo
 
 # a crash: no shutdown checkpoint, recovery replays the WAL
 gg_as_pg "$bindir/pg_ctl" -D "$primary_dir/data" -m immediate -w stop >/dev/null
-gg_as_pg env -u RUST_BACKTRACE "$bindir/pg_ctl" -D "$primary_dir/data" -l "$primary_dir/postgres.log" -w start >/dev/null ||
+gg_as_pg "${GG_SERVER_ENV[@]}" "$bindir/pg_ctl" -D "$primary_dir/data" -l "$primary_dir/postgres.log" -w start >/dev/null ||
   fail "the primary did not restart"
 grep -q "redo starts" "$primary_dir/postgres.log" || fail "the restart replayed no WAL"
 after=$(answers "${primary[@]}")

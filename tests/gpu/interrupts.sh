@@ -67,7 +67,8 @@ cancelled() {
     echo "\\! nvidia-smi --query-compute-apps=pid --format=csv,noheader > $out/${name}_apps.txt"
     echo "\\echo backend :pid"
   } >"/tmp/$name.sql"
-  q -f "/tmp/$name.sql" >"$out/$name.log" 2>&1
+  # on past the ERROR: the rest of the script looks at the backend afterwards
+  psql -X -At -f "/tmp/$name.sql" >"$out/$name.log" 2>&1
   set -e
 }
 echo 'compute apps while idle:'; nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader || true
@@ -75,8 +76,10 @@ checked_cancel() {
   local name=$1 expect=$2 pid
   cat "$out/$name.log"
   grep -q "$expect" "$out/$name.log" || fail "$name: the build was not cancelled"
+  ! grep -q "^DETAIL" "$out/$name.log" || fail "$name: the cancel's ERROR carries a DETAIL (a Rust backtrace?)"
   [ -z "$(q -c "SELECT 1 FROM pg_class WHERE relname = '$name'")" ] || fail "$name: a cancelled build left an index"
   pid=$(awk '/^backend/ {print $2}' "$out/$name.log")
+  [ -n "$pid" ] && [ -f "$out/${name}_apps.txt" ] || fail "$name: the session did not go on after the cancel"
   echo "compute apps after the cancel: $(tr '\n' ' ' <"$out/${name}_apps.txt") (backend $pid)"
   ! grep -qx "$pid" "$out/${name}_apps.txt" || fail "$name: the backend still holds GPU memory"
 }

@@ -56,7 +56,7 @@ echo "table $table: $rows rows x $dim dims, heap $(q -c "SELECT pg_size_pretty(p
 recall() {
   local name=$1 setting=$2 op=${3:-embedding} ef
   for ef in $efs; do
-    q -c "SET $setting = $ef" -c "SET enable_seqscan = off" \
+    q -q -c "SET $setting = $ef" -c "SET enable_seqscan = off" \
       -c "SELECT q.id, array_to_string(ARRAY(SELECT id FROM $name ORDER BY $op <-> q.v::$4 LIMIT 10), ' ') FROM ${table}_q q ORDER BY q.id" \
       >"/tmp/answers_$ef"
     python3 - "$dir/groundtruth.ivecs" "/tmp/answers_$ef" "$ef" "$setting" <<'PY'

@@ -318,11 +318,8 @@ pub unsafe extern "C-unwind" fn ambuild(
         report(pg_sys::PROGRESS_CREATEIDX_TUPLES_DONE, done as i64);
         pg_sys::check_for_interrupts!();
     });
-    let pages = Pages {
-        vector_bytes,
-        graph_bytes: out.bytes - vector_bytes,
-        logged_bytes: out.wal().then_some(out.logged_bytes),
-    };
+    let pages =
+        Pages { vector_bytes, graph_bytes: out.bytes - vector_bytes, logged_bytes: out.wal().then_some(out.bytes) };
     out.finish();
     let graph_ms = ms(t);
 

@@ -54,14 +54,10 @@ pub struct BulkWriter {
     /// images waiting to be logged and written, and their block numbers
     images: Vec<Box<Image>>,
     numbers: Vec<pg_sys::BlockNumber>,
-    /// whether each queued image is to be logged
-    logged: Vec<bool>,
     /// images filled so far in `images`
     filled: usize,
-    /// bytes written to the relation
+    /// bytes written to the relation (and logged, with WAL)
     pub bytes: u64,
-    /// bytes of page images logged
-    pub logged_bytes: u64,
 }
 
 impl BulkWriter {
@@ -82,10 +78,8 @@ impl BulkWriter {
             extended: 0,
             images: (0..Self::BATCH).map(|_| Box::new(Image([0; BLCKSZ]))).collect(),
             numbers: Vec::with_capacity(Self::BATCH),
-            logged: Vec::with_capacity(Self::BATCH),
             filled: 0,
             bytes: 0,
-            logged_bytes: 0,
         }
     }
 
@@ -98,16 +92,17 @@ impl BulkWriter {
     pub fn append(&mut self, format: &mut dyn FnMut(&mut PageMut)) {
         let block = self.blocks;
         self.blocks += 1;
-        self.queue(block, true, format);
+        self.queue(block, format);
     }
 
-    /// As [`BulkWriter::append`], for a placeholder that [`BulkWriter::rewrite`]
-    /// will replace before the build ends: written, never logged (if the
-    /// build does not end, the relation goes with its transaction).
-    pub fn append_placeholder(&mut self, format: &mut dyn FnMut(&mut PageMut)) {
-        let block = self.blocks;
+    /// Numbers the next block without writing it: a block that
+    /// [`BulkWriter::rewrite`] will write before the build ends. It stays a
+    /// hole in the file until then (reading as zeros; md.c itself pads a
+    /// segment that ends in one when the next begins), never written twice
+    /// nor logged twice. If the build does not end, the relation goes with
+    /// its transaction.
+    pub fn skip(&mut self) {
         self.blocks += 1;
-        self.queue(block, false, format);
     }
 
     /// Formats an already appended block anew through `format` and queues it.
@@ -116,16 +111,15 @@ impl BulkWriter {
         if self.numbers.contains(&block) {
             self.flush(); // one image of a block per record, the older first
         }
-        self.queue(block, true, format);
+        self.queue(block, format);
     }
 
-    fn queue(&mut self, block: u32, logged: bool, format: &mut dyn FnMut(&mut PageMut)) {
+    fn queue(&mut self, block: u32, format: &mut dyn FnMut(&mut PageMut)) {
         let image = &mut self.images[self.filled];
         image.0.fill(0);
         // SAFETY: the image is a MAXALIGNed BLCKSZ page only this view uses.
         format(&mut unsafe { PageMut::new(image.0.as_mut_ptr() as pg_sys::Page) });
         self.numbers.push(block);
-        self.logged.push(logged);
         self.filled += 1;
         if self.filled == Self::BATCH {
             self.flush();
@@ -138,25 +132,23 @@ impl BulkWriter {
         if self.filled == 0 {
             return;
         }
-        let pages: Vec<pg_sys::Page> =
+        let mut pages: Vec<pg_sys::Page> =
             self.images[..self.filled].iter_mut().map(|i| i.0.as_mut_ptr() as pg_sys::Page).collect();
-        let (mut log_blocks, mut log_pages): (Vec<_>, Vec<_>) =
-            (0..self.filled).filter(|&i| self.wal && self.logged[i]).map(|i| (self.numbers[i], pages[i])).unzip();
         // SAFETY: `rel` is open (new's contract) and no other process sees
         // it; every page is a formatted BLCKSZ image in our memory. Appended
         // blocks are queued in the order they were numbered, so each one
-        // extended is the file's next block.
+        // extended lies past the file's end (after a hole, if skipped blocks
+        // came between); a rewritten one lies within it.
         unsafe {
-            if !log_blocks.is_empty() {
+            if self.wal {
                 pg_sys::log_newpages(
                     &mut (*self.rel).rd_node,
                     pg_sys::ForkNumber::MAIN_FORKNUM,
-                    log_blocks.len() as i32,
-                    log_blocks.as_mut_ptr(),
-                    log_pages.as_mut_ptr(),
+                    self.filled as i32,
+                    self.numbers.as_mut_ptr(),
+                    pages.as_mut_ptr(),
                     true,
                 );
-                self.logged_bytes += (log_blocks.len() * BLCKSZ) as u64;
             }
             let smgr = pg_sys::RelationGetSmgr(self.rel);
             for (&page, &block) in pages.iter().zip(&self.numbers) {
@@ -164,9 +156,9 @@ impl BulkWriter {
                 let data = page as *mut std::ffi::c_char;
                 // with WAL, each write asks the checkpointer to fsync it
                 // (see the module's comment); without, the commit does
-                if block == self.extended {
+                if block >= self.extended {
                     pg_sys::smgrextend(smgr, pg_sys::ForkNumber::MAIN_FORKNUM, block, data, !self.wal);
-                    self.extended += 1;
+                    self.extended = block + 1;
                 } else {
                     pg_sys::smgrwrite(smgr, pg_sys::ForkNumber::MAIN_FORKNUM, block, data, !self.wal);
                 }
@@ -175,7 +167,6 @@ impl BulkWriter {
         self.bytes += (self.filled * BLCKSZ) as u64;
         self.filled = 0;
         self.numbers.clear();
-        self.logged.clear();
     }
 
     /// Writes what is queued and makes the file durable as the module's

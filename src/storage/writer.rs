@@ -3,9 +3,8 @@
 //! WAL-logged 32 full images to a record where WAL is needed.
 //!
 //! The vector pages do not depend on the graph, so they are written first —
-//! while a GPU build runs, when there is one — with each chunk's graph page
-//! in its place holding empty lists; once the graph exists the graph pages
-//! are written again, full.
+//! while a GPU build runs, when there is one — skipping each chunk's graph
+//! page; once the graph exists the graph pages are written in their places.
 
 use gpu_graph_engine::graph::Graph;
 use pgrx::pg_sys;
@@ -15,8 +14,8 @@ use super::bulk::BulkWriter;
 use super::layout::Layout;
 use super::meta::Meta;
 
-/// Writes the meta page and every page of `meta.node_count` nodes, vector
-/// pages filled and graph pages empty, in block order. `progress` gets the
+/// Writes the meta page and the vector pages of `meta.node_count` nodes, in
+/// block order, the graph pages' places skipped. `progress` gets the
 /// nodes written so far; it may raise an ERROR (a query cancel).
 pub fn write_vector_pages(
     out: &mut BulkWriter,
@@ -32,7 +31,7 @@ pub fn write_vector_pages(
     for c in 0..n.div_ceil(layout.per_chunk) {
         let first = c * layout.per_chunk;
         let last = (first + layout.per_chunk).min(n);
-        out.append_placeholder(&mut |p| p.format_chunk_page(0, &layout));
+        out.skip(); // the graph page, written once the graph exists
         for i in 1..layout.pages_per_chunk {
             let lo = first + (i - 1) * layout.per_vector_page;
             let hi = (lo + layout.per_vector_page).min(last);
@@ -47,8 +46,7 @@ pub fn write_vector_pages(
     }
 }
 
-/// Writes the graph pages again, with the graph's lists, after
-/// [`write_vector_pages`] wrote them empty.
+/// Writes the graph pages in the places [`write_vector_pages`] skipped.
 pub fn write_graph_pages(out: &mut BulkWriter, layout: &Layout, graph: &Graph, progress: &mut dyn FnMut(u32)) {
     let n = graph.len();
     let mut list = Vec::with_capacity(layout.degree);

@@ -36,10 +36,16 @@ pub struct Layout {
 
 impl Layout {
     pub fn new(degree: usize, stored_dim: usize) -> Layout {
-        let per_chunk = USABLE / (4 * degree);
+        let lists = USABLE / (4 * degree);
         let per_vector_page = (USABLE / (VECTOR_HEADER + 4 * stored_dim)).max(1);
-        let vector_pages = per_chunk.div_ceil(per_vector_page);
-        Layout { degree, stored_dim, per_chunk, per_vector_page, pages_per_chunk: 1 + vector_pages }
+        // A chunk of as many nodes as the graph page holds leaves its last
+        // vector page part empty (63 lists, 20 tuples a page: 80 slots for 63
+        // nodes). A chunk of whole vector pages may fill them all for a few
+        // unused lists instead; take whichever needs fewer pages a node.
+        let whole = lists / per_vector_page * per_vector_page;
+        let pages = |per_chunk: usize| 1 + per_chunk.div_ceil(per_vector_page);
+        let per_chunk = if whole > 0 && pages(whole) * lists < pages(lists) * whole { whole } else { lists };
+        Layout { degree, stored_dim, per_chunk, per_vector_page, pages_per_chunk: pages(per_chunk) }
     }
     pub fn vector_size(&self) -> usize {
         VECTOR_HEADER + 4 * self.stored_dim
@@ -65,5 +71,21 @@ mod tests {
             let last = l.per_chunk as u32 - 1;
             assert_eq!(l.vector_block(last), l.graph_block(0) + l.pages_per_chunk as u32 - 1);
         }
+    }
+
+    #[test]
+    fn chunks_of_whole_vector_pages_when_fewer_pages_a_node() {
+        // 96 dims: 63 lists, 20 tuples a page; 60 nodes in 4 pages beat 63 in 5
+        let l = Layout::new(32, 96);
+        assert_eq!((l.per_chunk, l.per_vector_page, l.pages_per_chunk), (60, 20, 4));
+        // 128 dims: 15 tuples a page; 60 nodes in 5 pages beat 63 in 6
+        let l = Layout::new(32, 128);
+        assert_eq!((l.per_chunk, l.pages_per_chunk), (60, 5));
+        // 768 dims: 2 a page; 62 nodes in 32 pages beat 63 in 33
+        let l = Layout::new(32, 768);
+        assert_eq!((l.per_chunk, l.pages_per_chunk), (62, 32));
+        // 1 dim: every list fits with its tuples in one vector page
+        let l = Layout::new(32, 1);
+        assert_eq!((l.per_chunk, l.pages_per_chunk), (63, 2));
     }
 }

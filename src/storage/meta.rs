@@ -9,7 +9,8 @@ use super::buffer::{Locked, Xlog};
 use super::layout::Layout;
 
 pub const MAGIC: u32 = 0x4750_4752; // "GPGR"
-pub const FORMAT_VERSION: u32 = 1;
+/// 2: chunks of whole vector pages where that takes fewer pages (Layout::new)
+pub const FORMAT_VERSION: u32 = 2;
 /// Node ids freed by VACUUM and kept for reuse by inserts.
 pub const FREE_CAP: usize = 1800;
 

@@ -15,6 +15,7 @@ use pgrx::prelude::*;
 
 use crate::gucs::{BuildDevice, BUILD_DEVICE};
 use crate::latch;
+use crate::worker::GpuBuild;
 
 pub enum Device {
     Cpu { threads: usize },
@@ -128,6 +129,8 @@ pub fn construct(
     let want = BUILD_DEVICE.get();
     if want != BuildDevice::Cpu && rows > 0 {
         let watch = Watch::default();
+        // the search worker leaves the GPU to the build while it runs
+        let aside = GpuBuild::begin();
         let result = std::thread::scope(|s| {
             let gpu = s.spawn(|| on_gpu(vectors, stored_dim, params, knn, &watch));
             // an ERROR below unwinds through here: the guard stops the GPU
@@ -143,6 +146,7 @@ pub fn construct(
             }
             gpu.join().unwrap_or_else(|_| Err(GpuError::Cuda("the GPU build thread panicked".into())))
         });
+        drop(aside);
         match result {
             Ok(c) => return c,
             // only the guard stops the GPU thread, and it is set on the way

@@ -7,7 +7,8 @@
 //! latch when they submit. The worker is connected to no database (see
 //! `register`); it reads pages by RelFileNode (see `image`).
 //!
-//! Exits: SIGTERM (pg_terminate_backend, server shutdown) ends the loop; the
+//! Exits: SIGTERM (pg_terminate_backend, server shutdown) ends the loop, as
+//! does a GPU index build starting (the worker steps aside: `gpu_builds`); the
 //! worker drops its copies, shuts the GPU server down and exits with status 1
 //! so that the postmaster starts it again after bgw_restart_time (status 0
 //! would unregister it). Any ERROR or panic inside becomes FATAL (a
@@ -106,6 +107,15 @@ pub extern "C-unwind" fn gpu_graph_worker_main(_arg: pg_sys::Datum) {
             pg_sys::ResourceOwnerCreate(std::ptr::null_mut(), c"gpu_graph search worker".as_ptr());
         pg_sys::before_shmem_exit(Some(at_exit), pg_sys::Datum::from(0));
     }
+    if WORKER_DEVICE.get() != WorkerDevice::Cpu {
+        // a GPU build runs: the GPU is its alone until it ends (gpu_builds)
+        while shared.gpu_builders.any() && !shutdown_requested() {
+            sleep(Duration::from_millis(100));
+            // SAFETY: as in `sleep`.
+            unsafe { pg_sys::ResetLatch(pg_sys::MyLatch) };
+            pg_sys::check_for_interrupts!();
+        }
+    }
     let device = match Device::open(WORKER_DEVICE.get()) {
         Ok(d) => d,
         Err(e) => {
@@ -140,7 +150,8 @@ pub extern "C-unwind" fn gpu_graph_worker_main(_arg: pg_sys::Datum) {
     w.residency.clear(&w.device, shared);
     w.device.shutdown();
     match outcome {
-        Ok(()) => log!("gpu_graph search worker: stopping"),
+        Ok(Stop::Shutdown) => log!("gpu_graph search worker: stopping"),
+        Ok(Stop::StepAside) => log!("gpu_graph search worker: leaving the GPU to an index build until it ends"),
         Err(why) => log!("gpu_graph search worker: exiting after a device failure: {why}"),
     }
     drop(w);
@@ -169,6 +180,14 @@ unsafe extern "C-unwind" fn at_exit(_code: i32, _arg: pg_sys::Datum) {
     // SAFETY: the worker's exit callback, on its main thread; the worker
     // holds no lock it still needs.
     unsafe { pg_sys::LockReleaseAll(pg_sys::DEFAULT_LOCKMETHOD as u16, true) };
+}
+
+/// Why the worker stops serving (it exits either way, and is started again).
+enum Stop {
+    /// SIGTERM: pg_terminate_backend or the server's shutdown
+    Shutdown,
+    /// a backend builds an index on the GPU (see `gpu_builds`)
+    StepAside,
 }
 
 /// A request the worker holds (its slot in WORKING).
@@ -203,11 +222,12 @@ impl Worker {
         }
     }
 
-    /// Runs until SIGTERM (Ok) or a device failure (Err).
-    fn serve(&mut self) -> Result<(), String> {
+    /// Runs until SIGTERM or a GPU build (Ok), or a device failure (Err).
+    fn serve(&mut self) -> Result<Stop, String> {
         let mut last_work = Instant::now();
         let mut last_sweep = Instant::now();
-        let spin = if matches!(self.device, Device::Gpu(_)) { GPU_SPIN } else { Duration::ZERO };
+        let on_gpu = matches!(self.device, Device::Gpu(_));
+        let spin = if on_gpu { GPU_SPIN } else { Duration::ZERO };
         loop {
             // SAFETY: as in `sleep`.
             unsafe { pg_sys::ResetLatch(pg_sys::MyLatch) };
@@ -215,7 +235,10 @@ impl Worker {
             // close its files) and a cancel (an ERROR: the worker restarts)
             pg_sys::check_for_interrupts!();
             if shutdown_requested() {
-                return Ok(());
+                return Ok(Stop::Shutdown);
+            }
+            if on_gpu && self.shared.gpu_builders.any() {
+                return Ok(Stop::StepAside);
             }
             // SAFETY: the SIGHUP handler sets the flag (a sig_atomic_t, read
             // volatile); on the main thread, as PostgreSQL's own processes do,

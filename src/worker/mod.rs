@@ -22,6 +22,7 @@ mod bgworker;
 mod client;
 mod device;
 mod gpu;
+mod gpu_builds;
 mod image;
 mod outcome;
 mod residency;
@@ -33,6 +34,7 @@ use crate::latch::sleep;
 use pgrx::pg_sys;
 
 pub use client::first_round;
+pub use gpu_builds::GpuBuild;
 pub use stats::{index_info, SearchInfo};
 
 /// A scan the worker answered first goes on searching on the CPU.

@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU32, AtomicU64, 
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 
+use super::gpu_builds::GpuBuilders;
 use super::ring::Slot;
 use super::stats::{Counters, ResidentTable};
 use crate::gucs::WORKER_SLOTS;
@@ -27,6 +28,8 @@ pub struct Shared {
     pub worker_device: AtomicU32,
     pub counters: Counters,
     pub residents: ResidentTable,
+    /// backends building an index on the GPU now (see `gpu_builds`)
+    pub gpu_builders: GpuBuilders,
 }
 
 pub const DEVICE_CPU: u32 = 1;

@@ -54,8 +54,13 @@ say "worker: $(q -c "SELECT gpu_graph_worker_stats()->'worker'")"
 [ "$(stats worker,device)" = gpu ] || fail "the worker does not search on the GPU"
 
 if [ -z "${GPU_WORKER_TEST_ONLY_WRITES:-}" ]; then
-say "the index, rebuilt on the GPU"
+say "the index, rebuilt on the GPU: the worker leaves the GPU to the build, then comes back"
+pid_before=$(stats worker,pid)
 q -c "SET maintenance_work_mem = '16GB'" -c "SET gpu_graph.build_device = gpu" -c "REINDEX INDEX items_embedding_idx" 2>&1 | grep -v '^$' || true
+tail -n +"$log_start" /tmp/pg.log | grep -q "leaving the GPU to an index build" || fail "the worker did not step aside for the build"
+for _ in $(seq 1 300); do [ "$(stats worker,state)" = running ] && break; sleep 0.1; done
+[ "$(stats worker,state)" = running ] && [ "$(stats worker,device)" = gpu ] || fail "the worker did not come back after the build"
+[ "$(stats worker,pid)" != "$pid_before" ] || fail "the worker serving now is the one from before the build"
 
 say "query table"
 python3 - <<'PY'

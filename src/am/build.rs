@@ -4,20 +4,16 @@
 //! normalised or augmented per metric), the engine builds the graph on all
 //! cores, and the pages are written in bulk and WAL-logged at the end.
 
-use std::ffi::c_void;
 use std::time::Instant;
 
-use gpu_graph_engine::distance;
-use gpu_graph_engine::metric::Metric;
 use gpu_graph_engine::params::BuildParams;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 
 use super::construct::{construct, Constructed, Device};
-use super::options;
-use super::vector::{at_tid, check_dim, checked};
+use super::loader::Loader;
+use super::{options, parallel_scan};
 use crate::storage::bulk::BulkWriter;
-use crate::storage::codec::tid_to_payload;
 use crate::storage::meta::{Meta, PHASES};
 use crate::storage::writer;
 
@@ -44,155 +40,19 @@ fn report(param: u32, value: i64) {
     unsafe { pg_sys::pgstat_progress_update_param(param as i32, value) };
 }
 
-struct Loader {
-    metric: Metric,
-    dim: usize,
-    stored_dim: usize,
-    /// stored vectors, `stored_dim` apart; for inner product the last
-    /// coordinate is filled once the largest norm is known
-    vectors: Vec<f32>,
-    payloads: Vec<u64>,
-    skipped_zero: u64,
-    budget: usize,
-    per_row: usize,
-    estimated_rows: f64,
-}
-
-impl Loader {
-    fn add(&mut self, v: &[f32], payload: u64, whence: &dyn Fn() -> String) {
-        if self.dim == 0 {
-            self.dim = v.len();
-            self.stored_dim = self.metric.stored_dim(self.dim);
-        }
-        check_dim(self.dim, v.len(), whence);
-        if !self.metric.indexable(v) {
-            self.skipped_zero += 1;
-            return;
-        }
-        let rows = self.payloads.len() + 1;
-        let per_row = self.stored_dim * 4 + self.per_row;
-        if rows * per_row > self.budget {
-            let needed = (self.estimated_rows.max(rows as f64) * per_row as f64 / 1048576.0).ceil();
-            ereport!(
-                ERROR,
-                PgSqlErrorCode::ERRCODE_PROGRAM_LIMIT_EXCEEDED,
-                format!(
-                    "gpu_graph: this index needs about {needed} MB of maintenance_work_mem to build ({} bytes a row), but maintenance_work_mem is {} MB",
-                    per_row,
-                    self.budget / 1048576
-                ),
-                format!("Raise it for this build, e.g. SET maintenance_work_mem = '{}MB';", needed as u64 + 64)
-            );
-        }
-        match self.metric {
-            // inner product: raw vector plus the augmentation coordinate, set later
-            Metric::InnerProduct => {
-                self.vectors.extend_from_slice(v);
-                self.vectors.push(0.0);
-            }
-            m => m.prepare_stored(v, 0.0, &mut self.vectors),
-        }
-        self.payloads.push(payload);
-    }
-
-    /// Inner product: fills the augmentation coordinate now that M is known.
-    fn finish(&mut self) -> f32 {
-        if self.metric != Metric::InnerProduct || self.payloads.is_empty() {
-            return 0.0;
-        }
-        use rayon::prelude::*;
-        let (d, sd) = (self.dim, self.stored_dim);
-        let max_norm = self.vectors.par_chunks(sd).map(|v| distance::norm(&v[..d])).reduce(|| 0.0, f32::max);
-        self.vectors.par_chunks_mut(sd).for_each(|v| {
-            let mut tmp = Vec::with_capacity(sd);
-            Metric::InnerProduct.prepare_stored(&v[..d], max_norm, &mut tmp);
-            v.copy_from_slice(&tmp);
-        });
-        max_norm
-    }
-}
-
-#[pg_guard]
-unsafe extern "C-unwind" fn load_callback(
-    _index: pg_sys::Relation,
-    tid: pg_sys::ItemPointer,
-    values: *mut pg_sys::Datum,
-    isnull: *mut bool,
-    _alive: bool,
-    state: *mut c_void,
-) {
-    // SAFETY: table_index_build_scan passes the heap tuple's TID and the
-    // datum and null flag of the index's one column, and `state` is the
-    // Loader that scan_heap gave it, alive and not otherwise borrowed during
-    // the scan. A non-null datum of a real[] column is a real[] datum.
-    unsafe {
-        if *isnull {
-            return; // NULL vectors are not indexed
-        }
-        let loader = &mut *(state as *mut Loader);
-        let whence = || at_tid(tid);
-        let v = checked(*values, &whence);
-        loader.add(v, tid_to_payload(&*tid), &whence);
-    }
-}
-
 fn ms(t: Instant) -> f32 {
     t.elapsed().as_secs_f32() * 1000.0
-}
-
-/// Reads every row of the heap into a loader; also returns the heap tuples
-/// seen.
-///
-/// # Safety
-/// ambuild's arguments.
-unsafe fn scan_heap(
-    heap: pg_sys::Relation,
-    index: pg_sys::Relation,
-    index_info: *mut pg_sys::IndexInfo,
-    metric: Metric,
-    params: &BuildParams,
-) -> (Loader, f64) {
-    // SAFETY: `heap` is open (ambuild's contract), so its pg_class row is
-    // there; maintenance_work_mem is a plain setting of this backend.
-    let (budget, estimated_rows) =
-        unsafe { (pg_sys::maintenance_work_mem as usize * 1024, (*(*heap).rd_rel).reltuples as f64) };
-    let mut loader = Loader {
-        metric,
-        dim: 0,
-        stored_dim: 0,
-        vectors: Vec::new(),
-        payloads: Vec::new(),
-        skipped_zero: 0,
-        budget,
-        // payload + the builder's candidate pools + the final lists
-        per_row: 8 + params.r * 16 + params.degree * 4,
-        estimated_rows,
-    };
-    // SAFETY: the relations and `index_info` are ambuild's; the callback gets
-    // `loader` as its state, which outlives the scan.
-    let heap_tuples = unsafe {
-        pg_sys::table_index_build_scan(
-            heap,
-            index,
-            index_info,
-            true,
-            true,
-            Some(load_callback),
-            &mut loader as *mut Loader as *mut c_void,
-            std::ptr::null_mut(),
-        )
-    };
-    (loader, heap_tuples)
 }
 
 /// Records on the meta page how the graph was built.
 ///
 /// # Safety
 /// `index` must be an open gpu_graph index.
-unsafe fn record_build(index: pg_sys::Relation, built: &Constructed, timings: [f32; 6]) {
+unsafe fn record_build(index: pg_sys::Relation, built: &Constructed, timings: [f32; 6], workers: usize) {
     let update = |m: &mut Meta| {
         m.entry = built.graph.entry.unwrap_or(gpu_graph_engine::NO_NODE);
         m.build_ms = timings;
+        m.scan_workers = workers as u32;
         match &built.device {
             Device::Cpu { threads } => {
                 m.build_device = 1;
@@ -234,7 +94,14 @@ impl Pages {
 }
 
 /// The NOTICE that sums a build up.
-fn notice_built(loader: &Loader, built: &Constructed, timings: [f32; 6], pages: &Pages, total: Instant) {
+fn notice_built(
+    loader: &Loader,
+    workers: usize,
+    built: &Constructed,
+    timings: [f32; 6],
+    pages: &Pages,
+    total: Instant,
+) {
     let device = match &built.device {
         Device::Cpu { threads } => format!("the CPU with {threads} threads"),
         Device::Gpu { name } => format!("the GPU ({name})"),
@@ -246,6 +113,13 @@ fn notice_built(loader: &Loader, built: &Constructed, timings: [f32; 6], pages: 
         .map(|(p, t)| match *p {
             "vector pages" => pages.describe(p, t, pages.vector_bytes),
             "graph pages" => pages.describe(p, t, pages.graph_bytes),
+            "heap scan" if workers > 0 => {
+                format!(
+                    "{p} {:.2} s (with {workers} parallel worker{})",
+                    t / 1000.0,
+                    if workers == 1 { "" } else { "s" }
+                )
+            }
             _ => format!("{p} {:.2} s", t / 1000.0),
         })
         .collect();
@@ -280,7 +154,7 @@ pub unsafe extern "C-unwind" fn ambuild(
     report(pg_sys::PROGRESS_CREATEIDX_SUBPHASE, PHASE_LOAD);
     let t = Instant::now();
     // SAFETY: ambuild's own arguments.
-    let (mut loader, heap_tuples) = unsafe { scan_heap(heap, index, index_info, metric, &params) };
+    let (mut loader, heap_tuples, workers) = unsafe { parallel_scan::scan(heap, index, index_info, metric, &params) };
     let max_norm = loader.finish();
     let load_ms = ms(t);
 
@@ -325,8 +199,8 @@ pub unsafe extern "C-unwind" fn ambuild(
 
     let timings = [load_ms, built.upload_ms, built.construct_ms, built.download_ms, vector_ms, graph_ms];
     // SAFETY: the index is open, and a gpu_graph index from its meta page on.
-    unsafe { record_build(index, &built, timings) };
-    notice_built(&loader, &built, timings, &pages, total);
+    unsafe { record_build(index, &built, timings, workers) };
+    notice_built(&loader, workers, &built, timings, &pages, total);
 
     // SAFETY: ambuild runs in a memory context that outlives its result,
     // where alloc0 pallocs a zeroed IndexBuildResult.

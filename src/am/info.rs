@@ -48,6 +48,8 @@ struct Build {
     gpu: Option<String>,
     /// the builder's threads (a CPU build)
     threads: Option<u32>,
+    /// parallel workers that scanned the heap beside the leader
+    scan_workers: u32,
     rows: u64,
     /// "<phase> ms": milliseconds of each build phase
     phases: BTreeMap<String, f64>,
@@ -100,6 +102,7 @@ fn build(meta: &Meta) -> Build {
         },
         gpu: (meta.build_device == 2).then(|| meta.device_name()),
         threads: (meta.build_device == 1).then_some(meta.build_threads),
+        scan_workers: meta.scan_workers,
         rows: meta.built_rows,
         phases: PHASES.iter().zip(meta.build_ms).map(|(k, v)| (format!("{k} ms"), f64::from(v))).collect(),
     }

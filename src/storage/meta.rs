@@ -9,7 +9,8 @@ use super::buffer::{Locked, Xlog};
 use super::layout::Layout;
 
 pub const MAGIC: u32 = 0x4750_4752; // "GPGR"
-/// 2: chunks of whole vector pages where that takes fewer pages (Layout::new)
+/// 2: chunks of whole vector pages where that takes fewer pages (Layout::new);
+/// scan_workers
 pub const FORMAT_VERSION: u32 = 2;
 /// Node ids freed by VACUUM and kept for reuse by inserts.
 pub const FREE_CAP: usize = 1800;
@@ -47,6 +48,8 @@ pub struct Meta {
     /// 1 = CPU, 2 = GPU
     pub build_device: u32,
     pub build_threads: u32,
+    /// parallel workers that scanned the heap beside the leader
+    pub scan_workers: u32,
     /// milliseconds of each of [`PHASES`]
     pub build_ms: [f32; 6],
     /// the GPU's name, NUL-padded (empty for a CPU build)
@@ -76,6 +79,7 @@ impl Meta {
             built_rows: 0,
             build_device: 0,
             build_threads: 0,
+            scan_workers: 0,
             build_ms: [0.0; 6],
             device_name: [0; 64],
             free_count: 0,

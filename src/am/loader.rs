@@ -1,0 +1,231 @@
+//! What CREATE INDEX reads from the heap: every row's vector checked and
+//! stored (normalised or augmented per metric) in one contiguous array, with
+//! its TID. The same loader serves the serial scan and each participant of a
+//! parallel one (`parallel_scan`), which then share the row count (for the
+//! maintenance_work_mem budget) and the dimension.
+
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+use gpu_graph_engine::distance;
+use gpu_graph_engine::metric::Metric;
+use gpu_graph_engine::params::BuildParams;
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+
+use super::vector::{at_tid, check_dim, checked};
+use crate::storage::codec::tid_to_payload;
+
+/// What the participants of a parallel scan share, in its shared memory.
+#[repr(C)]
+#[derive(Default)]
+pub struct SharedCounts {
+    /// rows stored by every participant
+    pub rows: AtomicU64,
+    /// the dimension of the first row any participant saw (0: none yet)
+    pub dim: AtomicU32,
+}
+
+pub struct Loader {
+    pub metric: Metric,
+    pub dim: usize,
+    pub stored_dim: usize,
+    /// stored vectors, `stored_dim` apart; for inner product the last
+    /// coordinate is filled once the largest norm is known
+    pub vectors: Vec<f32>,
+    pub payloads: Vec<u64>,
+    pub skipped_zero: u64,
+    budget: usize,
+    /// bytes a row costs the build besides its stored vector: the payload,
+    /// the builder's candidate pools and the final lists
+    per_row: usize,
+    estimated_rows: f64,
+    /// in a parallel scan, the counts every participant shares
+    shared: Option<&'static SharedCounts>,
+    /// in a parallel worker, where the rows go every [`Loader::SPILL_BYTES`]
+    /// (and at the end), so that the worker never holds its whole share
+    spill: Option<Spill>,
+}
+
+/// Takes a batch of rows: their stored vectors and payloads.
+pub type Spill = Box<dyn FnMut(&[f32], &[u64])>;
+
+impl Loader {
+    /// A loader for `heap`'s rows under the build's budget
+    /// (maintenance_work_mem).
+    ///
+    /// # Safety
+    /// `heap` must be an open relation.
+    pub unsafe fn new(heap: pg_sys::Relation, metric: Metric, params: &BuildParams) -> Loader {
+        // SAFETY: `heap` is open (the caller's contract), so its pg_class
+        // row is there; maintenance_work_mem is a plain setting.
+        let (budget, estimated_rows) =
+            unsafe { (pg_sys::maintenance_work_mem as usize * 1024, (*(*heap).rd_rel).reltuples as f64) };
+        Loader {
+            metric,
+            dim: 0,
+            stored_dim: 0,
+            vectors: Vec::new(),
+            payloads: Vec::new(),
+            skipped_zero: 0,
+            budget,
+            per_row: 8 + params.r * 16 + params.degree * 4,
+            estimated_rows,
+            shared: None,
+            spill: None,
+        }
+    }
+
+    /// How much a worker's loader holds before it spills its rows.
+    pub const SPILL_BYTES: usize = 16 << 20;
+
+    /// This loader on its own again (before the shared memory goes).
+    pub fn alone(mut self) -> Loader {
+        self.shared = None;
+        self
+    }
+
+    /// Where this loader's rows go, in batches of about SPILL_BYTES.
+    pub fn spilling(mut self, spill: Spill) -> Loader {
+        self.spill = Some(spill);
+        self
+    }
+
+    /// Hands the rows held to the spill (if any).
+    pub fn flush(&mut self) {
+        if let Some(spill) = self.spill.as_mut() {
+            if !self.payloads.is_empty() {
+                spill(&self.vectors, &self.payloads);
+                self.vectors.clear();
+                self.payloads.clear();
+            }
+        }
+    }
+
+    /// This loader as one participant of a parallel scan.
+    pub fn sharing(mut self, shared: &'static SharedCounts) -> Loader {
+        self.shared = Some(shared);
+        self
+    }
+
+    fn add(&mut self, v: &[f32], payload: u64, whence: &dyn Fn() -> String) {
+        if self.dim == 0 {
+            self.dim = v.len();
+            self.stored_dim = self.metric.stored_dim(self.dim);
+            if let Some(s) = self.shared {
+                // the first row of any participant sets it for all
+                if let Err(first) = s.dim.compare_exchange(0, v.len() as u32, Ordering::AcqRel, Ordering::Acquire) {
+                    self.dim = first as usize;
+                    self.stored_dim = self.metric.stored_dim(self.dim);
+                }
+            }
+        }
+        check_dim(self.dim, v.len(), whence);
+        if !self.metric.indexable(v) {
+            self.skipped_zero += 1;
+            return;
+        }
+        let rows = match self.shared {
+            Some(s) => s.rows.fetch_add(1, Ordering::Relaxed) as usize + 1,
+            None => self.payloads.len() + 1,
+        };
+        let per_row = self.stored_dim * 4 + self.per_row;
+        if rows * per_row > self.budget {
+            let needed = (self.estimated_rows.max(rows as f64) * per_row as f64 / 1048576.0).ceil();
+            ereport!(
+                ERROR,
+                PgSqlErrorCode::ERRCODE_PROGRAM_LIMIT_EXCEEDED,
+                format!(
+                    "gpu_graph: this index needs about {needed} MB of maintenance_work_mem to build ({} bytes a row), but maintenance_work_mem is {} MB",
+                    per_row,
+                    self.budget / 1048576
+                ),
+                format!("Raise it for this build, e.g. SET maintenance_work_mem = '{}MB';", needed as u64 + 64)
+            );
+        }
+        match self.metric {
+            // inner product: raw vector plus the augmentation coordinate, set later
+            Metric::InnerProduct => {
+                self.vectors.extend_from_slice(v);
+                self.vectors.push(0.0);
+            }
+            m => m.prepare_stored(v, 0.0, &mut self.vectors),
+        }
+        self.payloads.push(payload);
+        if self.spill.is_some() && self.vectors.len() * 4 >= Self::SPILL_BYTES {
+            self.flush();
+        }
+    }
+
+    /// Inner product: fills the augmentation coordinate now that M is known.
+    pub fn finish(&mut self) -> f32 {
+        if self.metric != Metric::InnerProduct || self.payloads.is_empty() {
+            return 0.0;
+        }
+        use rayon::prelude::*;
+        let (d, sd) = (self.dim, self.stored_dim);
+        let max_norm = self.vectors.par_chunks(sd).map(|v| distance::norm(&v[..d])).reduce(|| 0.0, f32::max);
+        self.vectors.par_chunks_mut(sd).for_each(|v| {
+            let mut tmp = Vec::with_capacity(sd);
+            Metric::InnerProduct.prepare_stored(&v[..d], max_norm, &mut tmp);
+            v.copy_from_slice(&tmp);
+        });
+        max_norm
+    }
+
+    /// Reads the rows of `scan` (a parallel scan's share; null: the whole
+    /// heap) into this loader; the heap tuples seen. `progress`: report
+    /// blocks scanned (one process of a build does).
+    ///
+    /// # Safety
+    /// ambuild's relations and index info (or a parallel worker's), and a
+    /// scan of `heap` or null.
+    pub unsafe fn scan(
+        &mut self,
+        heap: pg_sys::Relation,
+        index: pg_sys::Relation,
+        index_info: *mut pg_sys::IndexInfo,
+        scan: pg_sys::TableScanDesc,
+        progress: bool,
+    ) -> f64 {
+        // SAFETY: the caller's contract; the callback gets this loader as
+        // its state, which outlives the scan and is used by nothing else
+        // meanwhile.
+        unsafe {
+            pg_sys::table_index_build_scan(
+                heap,
+                index,
+                index_info,
+                true,
+                progress,
+                Some(load_callback),
+                self as *mut Loader as *mut c_void,
+                scan,
+            )
+        }
+    }
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn load_callback(
+    _index: pg_sys::Relation,
+    tid: pg_sys::ItemPointer,
+    values: *mut pg_sys::Datum,
+    isnull: *mut bool,
+    _alive: bool,
+    state: *mut c_void,
+) {
+    // SAFETY: table_index_build_scan passes the heap tuple's TID and the
+    // datum and null flag of the index's one column, and `state` is the
+    // Loader that Loader::scan gave it, alive and not otherwise borrowed
+    // during the scan. A non-null datum of a real[] column is a real[] datum.
+    unsafe {
+        if *isnull {
+            return; // NULL vectors are not indexed
+        }
+        let loader = &mut *(state as *mut Loader);
+        let whence = || at_tid(tid);
+        let v = checked(*values, &whence);
+        loader.add(v, tid_to_payload(&*tid), &whence);
+    }
+}

@@ -1,0 +1,291 @@
+//! CREATE INDEX's heap scan on several processes, with PostgreSQL's parallel
+//! build machinery as btree (nbtsort.c) and pgvector's HNSW use it.
+//!
+//! PostgreSQL 15 plans parallel index builds only for btree, so the number
+//! of workers comes from plan_create_index_workers here (it weighs
+//! max_parallel_maintenance_workers, the table's parallel_workers and size,
+//! and maintenance_work_mem). The leader and the workers each take blocks
+//! of one parallel table scan and read their rows with the same [`Loader`]
+//! as the serial scan. A worker spills its rows to a dynamic shared memory
+//! area (DSA) in batches of about 16 MB and records each batch in a table in
+//! the build's DSM segment; the leader then copies every batch after its own
+//! rows, in parallel, into the one array the builder takes. The area grows
+//! with the rows (no up-front allocation of the whole budget, which costs a
+//! posix_fallocate of it), and is freed with the parallel context. The order
+//! of the rows is the order of the batches, not the heap's: the graph does
+//! not depend on it.
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+use gpu_graph_engine::metric::Metric;
+use gpu_graph_engine::params::BuildParams;
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+use rayon::prelude::*;
+
+use super::loader::{Loader, SharedCounts};
+use super::options;
+
+const KEY_SHARED: u64 = 0x6767_0000_0000_0001;
+const KEY_SCAN: u64 = 0x6767_0000_0000_0002;
+
+/// A batch of rows in the DSA: `rows` payloads, then their vectors.
+#[repr(C)]
+struct Batch {
+    ptr: AtomicU64,
+    rows: AtomicU64,
+}
+
+/// The build's state in its DSM segment, followed by `capacity` [`Batch`]es.
+#[repr(C)]
+struct Shared {
+    heap: pg_sys::Oid,
+    index: pg_sys::Oid,
+    concurrent: bool,
+    area: pg_sys::dsa_handle,
+    counts: SharedCounts,
+    /// the workers' heap tuples and zero vectors skipped
+    heap_tuples: AtomicU64,
+    skipped_zero: AtomicU64,
+    batches: AtomicU32,
+    capacity: u32,
+}
+
+impl Shared {
+    fn batches(&self) -> &[Batch] {
+        // SAFETY: `capacity` batches follow the header in the allocation the
+        // leader sized for them (see `bytes`); Batch's alignment divides
+        // Shared's size (both are 8-aligned).
+        unsafe {
+            let first = (self as *const Shared).add(1) as *const Batch;
+            std::slice::from_raw_parts(first, self.capacity as usize)
+        }
+    }
+
+    fn bytes(capacity: usize) -> usize {
+        std::mem::size_of::<Shared>() + capacity * std::mem::size_of::<Batch>()
+    }
+
+    /// Copies a worker's rows into a new DSA chunk and records it.
+    ///
+    /// # Safety
+    /// `area` must be this build's DSA area, attached.
+    unsafe fn put(&self, area: *mut pg_sys::dsa_area, vectors: &[f32], payloads: &[u64]) {
+        let bytes = std::mem::size_of_val(payloads) + std::mem::size_of_val(vectors);
+        let slot = self.batches.fetch_add(1, Ordering::AcqRel) as usize;
+        if slot >= self.capacity as usize {
+            error!("gpu_graph: the parallel heap scan ran out of batch entries ({})", self.capacity);
+        }
+        // SAFETY: `area` is attached (the caller's contract); an allocation
+        // of `bytes` holds the payloads (8-aligned: DSA allocations are
+        // MAXALIGNed) and then the vectors.
+        unsafe {
+            let ptr = pg_sys::dsa_allocate_extended(area, bytes, pg_sys::DSA_ALLOC_HUGE as i32);
+            let at = pg_sys::dsa_get_address(area, ptr) as *mut u8;
+            std::ptr::copy_nonoverlapping(payloads.as_ptr(), at as *mut u64, payloads.len());
+            let v = at.add(std::mem::size_of_val(payloads)) as *mut f32;
+            std::ptr::copy_nonoverlapping(vectors.as_ptr(), v, vectors.len());
+            let b = &self.batches()[slot];
+            b.rows.store(payloads.len() as u64, Ordering::Relaxed);
+            b.ptr.store(ptr, Ordering::Release);
+        }
+    }
+}
+
+fn estimate(e: &mut pg_sys::shm_toc_estimator, bytes: usize) {
+    // shm_toc_estimate_chunk and _keys, macros in C
+    e.space_for_chunks += bytes.next_multiple_of(pg_sys::ALIGNOF_BUFFER as usize);
+    e.number_of_keys += 1;
+}
+
+/// The locks a participant takes, as nbtsort's workers do.
+fn locks(concurrent: bool) -> (pg_sys::LOCKMODE, pg_sys::LOCKMODE) {
+    let heap = if concurrent { pg_sys::ShareUpdateExclusiveLock } else { pg_sys::ShareLock };
+    (heap as pg_sys::LOCKMODE, pg_sys::RowExclusiveLock as pg_sys::LOCKMODE)
+}
+
+/// Reads the heap into a loader, in parallel when PostgreSQL grants workers;
+/// also the heap tuples seen and the workers launched.
+///
+/// # Safety
+/// ambuild's arguments.
+pub unsafe fn scan(
+    heap: pg_sys::Relation,
+    index: pg_sys::Relation,
+    index_info: *mut pg_sys::IndexInfo,
+    metric: Metric,
+    params: &BuildParams,
+) -> (Loader, f64, usize) {
+    // SAFETY: ambuild's relations are open and locked (the caller's contract).
+    let (mut loader, workers) = unsafe {
+        let workers = pg_sys::plan_create_index_workers((*heap).rd_id, (*index).rd_id);
+        (Loader::new(heap, metric, params), workers)
+    };
+    if workers <= 0 {
+        // SAFETY: the caller's contract; null: a scan of the whole heap.
+        let tuples = unsafe { loader.scan(heap, index, index_info, std::ptr::null_mut(), true) };
+        return (loader, tuples, 0);
+    }
+    // SAFETY: the caller's contract.
+    unsafe { in_parallel(heap, index, index_info, loader, workers) }
+}
+
+/// # Safety
+/// ambuild's arguments, and `workers` > 0.
+unsafe fn in_parallel(
+    heap: pg_sys::Relation,
+    index: pg_sys::Relation,
+    index_info: *mut pg_sys::IndexInfo,
+    mut loader: Loader,
+    workers: i32,
+) -> (Loader, f64, usize) {
+    // SAFETY: the leader's side of nbtsort's _bt_begin_parallel and
+    // _bt_end_parallel, on ambuild's open relations. Every pointer comes
+    // from PostgreSQL's allocators for this context and lives until
+    // DestroyParallelContext; an ERROR anywhere in between is cleaned up by
+    // the transaction's abort (parallel contexts, the DSA area's segments
+    // and the registered snapshot are all released there).
+    unsafe {
+        let concurrent = (*index_info).ii_Concurrent;
+        pg_sys::EnterParallelMode();
+        let pcxt =
+            pg_sys::CreateParallelContext(c"gpu_graph".as_ptr(), c"gpu_graph_parallel_scan_main".as_ptr(), workers);
+        let snapshot = if concurrent {
+            pg_sys::RegisterSnapshot(pg_sys::GetTransactionSnapshot())
+        } else {
+            &raw mut pg_sys::SnapshotAnyData
+        };
+        let scan_bytes = pg_sys::table_parallelscan_estimate(heap, snapshot);
+        // each batch but a worker's last holds at least SPILL_BYTES of the budget
+        let capacity = pg_sys::maintenance_work_mem as usize * 1024 / Loader::SPILL_BYTES + workers as usize + 1;
+        estimate(&mut (*pcxt).estimator, Shared::bytes(capacity));
+        estimate(&mut (*pcxt).estimator, scan_bytes);
+        pg_sys::InitializeParallelDSM(pcxt);
+        if (*pcxt).seg.is_null() {
+            // no DSM to be had: scan alone
+            finish_parallel(pcxt, concurrent, snapshot);
+            let tuples = loader.scan(heap, index, index_info, std::ptr::null_mut(), true);
+            return (loader, tuples, 0);
+        }
+        let shared = pg_sys::shm_toc_allocate((*pcxt).toc, Shared::bytes(capacity)) as *mut Shared;
+        std::ptr::write_bytes(shared as *mut u8, 0, Shared::bytes(capacity));
+        let area = pg_sys::dsa_create(pg_sys::BuiltinTrancheIds::LWTRANCHE_PARALLEL_QUERY_DSA as i32);
+        (*shared).heap = (*heap).rd_id;
+        (*shared).index = (*index).rd_id;
+        (*shared).concurrent = concurrent;
+        (*shared).area = pg_sys::dsa_get_handle(area);
+        (*shared).capacity = capacity as u32;
+        pg_sys::shm_toc_insert((*pcxt).toc, KEY_SHARED, shared as *mut std::ffi::c_void);
+        let pscan = pg_sys::shm_toc_allocate((*pcxt).toc, scan_bytes) as pg_sys::ParallelTableScanDesc;
+        pg_sys::table_parallelscan_initialize(heap, pscan, snapshot);
+        pg_sys::shm_toc_insert((*pcxt).toc, KEY_SCAN, pscan as *mut std::ffi::c_void);
+        pg_sys::LaunchParallelWorkers(pcxt);
+        let launched = (*pcxt).nworkers_launched as usize;
+
+        // the leader takes its share too, and reports the blocks scanned
+        let shared: &'static Shared = &*shared;
+        loader = loader.sharing(&shared.counts);
+        let mut tuples = loader.scan(heap, index, index_info, pg_sys::table_beginscan_parallel(heap, pscan), true);
+        pg_sys::WaitForParallelWorkersToFinish(pcxt);
+        tuples += shared.heap_tuples.load(Ordering::Acquire) as f64;
+        loader.skipped_zero += shared.skipped_zero.load(Ordering::Acquire);
+        gather(&mut loader, shared, area);
+        loader = loader.alone();
+        pg_sys::dsa_detach(area);
+        finish_parallel(pcxt, concurrent, snapshot);
+        (loader, tuples, launched)
+    }
+}
+
+/// # Safety
+/// A context made by `in_parallel`, its workers done.
+unsafe fn finish_parallel(pcxt: *mut pg_sys::ParallelContext, concurrent: bool, snapshot: pg_sys::Snapshot) {
+    // SAFETY: the caller's contract; the snapshot was registered when
+    // `concurrent`.
+    unsafe {
+        if concurrent {
+            pg_sys::UnregisterSnapshot(snapshot);
+        }
+        pg_sys::DestroyParallelContext(pcxt);
+        pg_sys::ExitParallelMode();
+    }
+}
+
+/// Appends every worker's batches to the leader's rows, copying in parallel.
+///
+/// # Safety
+/// `area` is the build's DSA area, attached, and the workers are done.
+unsafe fn gather(loader: &mut Loader, shared: &Shared, area: *mut pg_sys::dsa_area) {
+    let dim = shared.counts.dim.load(Ordering::Acquire) as usize;
+    if loader.dim == 0 && dim > 0 {
+        loader.dim = dim;
+        loader.stored_dim = loader.metric.stored_dim(dim);
+    }
+    let sd = loader.stored_dim;
+    let n = shared.batches.load(Ordering::Acquire) as usize;
+    // addresses first, on this thread (dsa_get_address may map segments)
+    let batches: Vec<(&[u64], &[f32])> = shared.batches()[..n]
+        .iter()
+        .map(|b| {
+            let rows = b.rows.load(Ordering::Relaxed) as usize;
+            // SAFETY: a recorded batch holds `rows` payloads then rows x sd
+            // vectors (Shared::put), in the attached area (the caller's
+            // contract), left alone until the area is detached.
+            unsafe {
+                let at = pg_sys::dsa_get_address(area, b.ptr.load(Ordering::Acquire)) as *const u8;
+                let v = at.add(rows * 8) as *const f32;
+                (std::slice::from_raw_parts(at as *const u64, rows), std::slice::from_raw_parts(v, rows * sd))
+            }
+        })
+        .collect();
+    let (old_rows, added) = (loader.payloads.len(), batches.iter().map(|b| b.0.len()).sum::<usize>());
+    loader.payloads.resize(old_rows + added, 0);
+    loader.vectors.resize((old_rows + added) * sd, 0.0);
+    let mut targets = Vec::with_capacity(n);
+    let (mut p, mut v) = (&mut loader.payloads[old_rows..], &mut loader.vectors[old_rows * sd..]);
+    for (bp, bv) in &batches {
+        let (pt, prest) = std::mem::take(&mut p).split_at_mut(bp.len());
+        let (vt, vrest) = std::mem::take(&mut v).split_at_mut(bv.len());
+        targets.push((pt, vt, *bp, *bv));
+        (p, v) = (prest, vrest);
+    }
+    targets.into_par_iter().for_each(|(pt, vt, bp, bv)| {
+        pt.copy_from_slice(bp);
+        vt.copy_from_slice(bv);
+    });
+}
+
+/// A parallel worker of the heap scan (CreateParallelContext names it).
+#[pg_guard]
+#[no_mangle]
+pub unsafe extern "C-unwind" fn gpu_graph_parallel_scan_main(
+    _seg: *mut pg_sys::dsm_segment,
+    toc: *mut pg_sys::shm_toc,
+) {
+    // SAFETY: the worker's side of nbtsort's _bt_parallel_build_main: the
+    // leader put both keys in the segment before launching, and keeps it
+    // (and the area, the relations and their locks) until every worker has
+    // finished. The shared state lives as long as this process needs it.
+    unsafe {
+        let shared: &'static Shared = &*(pg_sys::shm_toc_lookup(toc, KEY_SHARED, false) as *const Shared);
+        let pscan = pg_sys::shm_toc_lookup(toc, KEY_SCAN, false) as pg_sys::ParallelTableScanDesc;
+        let (heap_lock, index_lock) = locks(shared.concurrent);
+        let heap = pg_sys::table_open(shared.heap, heap_lock);
+        let index = pg_sys::index_open(shared.index, index_lock);
+        let index_info = pg_sys::BuildIndexInfo(index);
+        (*index_info).ii_Concurrent = shared.concurrent;
+        let area = pg_sys::dsa_attach(shared.area);
+        let (metric, params) = (options::metric(index), options::build_params(index));
+        // the area stays attached until after the last spill (the flush below)
+        let spill = Box::new(move |v: &[f32], p: &[u64]| shared.put(area, v, p));
+        let mut loader = Loader::new(heap, metric, &params).sharing(&shared.counts).spilling(spill);
+        let tuples = loader.scan(heap, index, index_info, pg_sys::table_beginscan_parallel(heap, pscan), false);
+        loader.flush();
+        shared.heap_tuples.fetch_add(tuples as u64, Ordering::AcqRel);
+        shared.skipped_zero.fetch_add(loader.skipped_zero, Ordering::AcqRel);
+        drop(loader);
+        pg_sys::dsa_detach(area);
+        pg_sys::index_close(index, index_lock);
+        pg_sys::table_close(heap, heap_lock);
+    }
+}

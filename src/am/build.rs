@@ -12,6 +12,7 @@ use pgrx::prelude::*;
 
 use super::construct::{construct, Constructed, Device};
 use super::loader::Loader;
+use super::vector::check_storage;
 use super::{options, parallel_scan};
 use crate::storage::bulk::BulkWriter;
 use crate::storage::meta::{Meta, PHASES};
@@ -159,7 +160,10 @@ pub unsafe extern "C-unwind" fn ambuild(
     let load_ms = ms(t);
 
     let n = loader.payloads.len();
-    let mut meta = Meta::new(metric, &params);
+    // SAFETY: the index is ambuild's, open.
+    let storage = unsafe { options::storage(index) };
+    check_storage(storage, loader.dim);
+    let mut meta = Meta::new(metric, &params, storage);
     meta.dim = loader.dim as u32;
     meta.max_norm = max_norm;
     meta.node_count = n as u32;
@@ -216,7 +220,7 @@ pub unsafe extern "C-unwind" fn ambuildempty(index: pg_sys::Relation) {
     // that has no init fork yet.
     unsafe {
         let params: BuildParams = options::build_params(index);
-        let meta = Meta::new(options::metric(index), &params);
+        let meta = Meta::new(options::metric(index), &params, options::storage(index));
         writer::write_init_fork(index, &meta);
     }
 }

@@ -20,6 +20,8 @@ struct Info {
     algorithm: &'static str,
     metric: &'static str,
     dimensions: u32,
+    /// how the vector pages store coordinates: "f32" or "f16"
+    storage: &'static str,
     degree: usize,
     parameters: Parameters,
     build: Build,
@@ -141,6 +143,7 @@ fn gpu_graph_info(index: pg_sys::Oid) -> JsonB {
         algorithm: "rnn_descent",
         metric: meta.metric().name(),
         dimensions: meta.dim,
+        storage: meta.element().name(),
         degree: p.degree,
         parameters: Parameters { s: p.s, r: p.r, t1: p.t1, t2: p.t2, rho: f64::from(p.rho) },
         build: build(&meta),

@@ -6,7 +6,7 @@ use pgrx::pg_sys;
 use pgrx::prelude::*;
 
 use super::options;
-use super::vector::{at_tid, check_dim, checked};
+use super::vector::{at_tid, check_dim, check_storage, checked};
 use crate::storage::codec::tid_to_payload;
 use crate::storage::meta::Meta;
 use crate::storage::page_store::PageStore;
@@ -42,6 +42,7 @@ pub unsafe extern "C-unwind" fn aminsert(
         if meta.dim == 0 {
             // an index built on an empty table takes its dimensions from the first row
             let metric = options::metric(index);
+            check_storage(meta.element(), v.len());
             meta = {
                 Meta::update(index, |m| {
                     if m.dim == 0 {

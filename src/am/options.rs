@@ -7,10 +7,13 @@ use gpu_graph_engine::params::BuildParams;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 
+use crate::storage::layout::Element;
+
 static mut KIND: pg_sys::relopt_kind::Type = 0;
 
 pub const ALGORITHMS: [&str; 1] = ["rnn_descent"];
 pub const KNN_INITS: [&str; 3] = ["auto", "random", "exact"];
+pub const STORAGES: [&str; 2] = ["f32", "f16"];
 
 #[repr(C)]
 struct Options {
@@ -25,6 +28,8 @@ struct Options {
     rho: f64,
     /// offset of the knn string
     knn: i32,
+    /// offset of the storage string
+    storage: i32,
 }
 
 /// ERROR unless `value` (NULL: the option is not given) is one of `valid`.
@@ -57,6 +62,12 @@ unsafe extern "C-unwind" fn validate_algorithm(value: *const c_char) {
 unsafe extern "C-unwind" fn validate_knn(value: *const c_char) {
     // SAFETY: as in validate_algorithm.
     unsafe { validate_choice("knn", &KNN_INITS, value) }
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn validate_storage(value: *const c_char) {
+    // SAFETY: as in validate_algorithm.
+    unsafe { validate_choice("storage", &STORAGES, value) }
 }
 
 /// Registers the options; called from _PG_init.
@@ -129,6 +140,14 @@ pub fn register() {
             Some(validate_knn),
             lock,
         );
+        pg_sys::add_string_reloption(
+            KIND,
+            c"storage".as_ptr(),
+            c"How the vector pages store coordinates: f32, or f16 (half the size)".as_ptr(),
+            c"f32".as_ptr(),
+            Some(validate_storage),
+            lock,
+        );
         pg_sys::add_real_reloption(
             KIND,
             c"rho".as_ptr(),
@@ -158,6 +177,7 @@ pub unsafe extern "C-unwind" fn amoptions(reloptions: pg_sys::Datum, validate: b
         elt(c"t2", RELOPT_TYPE_INT, std::mem::offset_of!(Options, t2)),
         elt(c"rho", RELOPT_TYPE_REAL, std::mem::offset_of!(Options, rho)),
         elt(c"knn", RELOPT_TYPE_STRING, std::mem::offset_of!(Options, knn)),
+        elt(c"storage", RELOPT_TYPE_STRING, std::mem::offset_of!(Options, storage)),
     ];
     // SAFETY: `reloptions` is the datum PostgreSQL passes (a text[] or
     // null); the table names static C strings and offsets inside Options, of
@@ -217,20 +237,38 @@ pub unsafe fn build_params(index: pg_sys::Relation) -> BuildParams {
 /// `index` must be an open gpu_graph index.
 pub unsafe fn knn_init(index: pg_sys::Relation) -> gpu_graph_gpu::KnnInit {
     // SAFETY: `index` is an open gpu_graph index (the caller's contract).
-    let text = match unsafe { options(index) } {
-        Some(o) if o.knn != 0 => {
-            let at = (o as *const Options as *const c_char).wrapping_add(o.knn as usize);
-            // SAFETY: build_reloptions keeps a string option's value, NUL
-            // terminated, at that offset of the same allocation.
-            unsafe { CStr::from_ptr(at) }.to_string_lossy().into_owned()
-        }
-        _ => "auto".to_string(),
-    };
+    let text = unsafe { string_option(index, |o| o.knn) }.unwrap_or_default();
     match text.as_str() {
         "random" => gpu_graph_gpu::KnnInit::Random,
         "exact" => gpu_graph_gpu::KnnInit::Exact,
         _ => gpu_graph_gpu::KnnInit::Auto,
     }
+}
+
+/// The `storage` option: how the vector pages store coordinates.
+///
+/// # Safety
+/// `index` must be an open gpu_graph index.
+pub unsafe fn storage(index: pg_sys::Relation) -> Element {
+    // SAFETY: `index` is an open gpu_graph index (the caller's contract).
+    let text = unsafe { string_option(index, |o| o.storage) };
+    text.and_then(|t| Element::from_name(&t)).unwrap_or(Element::F32)
+}
+
+/// A string option's value, None when not given.
+///
+/// # Safety
+/// `index` must be an open gpu_graph index.
+unsafe fn string_option(index: pg_sys::Relation, offset: fn(&Options) -> i32) -> Option<String> {
+    // SAFETY: `index` is an open gpu_graph index (the caller's contract).
+    let o = unsafe { options(index) }?;
+    let at = offset(o);
+    (at != 0).then(|| {
+        let p = (o as *const Options as *const c_char).wrapping_add(at as usize);
+        // SAFETY: build_reloptions keeps a string option's value, NUL
+        // terminated, at that offset of the same allocation.
+        unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+    })
 }
 
 /// The metric of the index's operator class, from its distance function.

@@ -4,6 +4,7 @@
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 
+use crate::storage::layout::Element;
 use crate::types::array::{non_finite, real_array, MAX_DIM};
 
 /// Where a vector came from, for error messages: " (row (0,5))" or "".
@@ -43,6 +44,22 @@ pub unsafe fn checked<'a>(datum: pg_sys::Datum, whence: &dyn Fn() -> String) -> 
         data_error(format!("gpu_graph vectors must not contain NaN or infinity, found {x}{}", whence()));
     }
     v
+}
+
+/// ERROR unless an index of `storage` takes vectors of `dim` dimensions.
+pub fn check_storage(storage: Element, dim: usize) {
+    if dim > storage.max_dim() {
+        ereport!(
+            ERROR,
+            PgSqlErrorCode::ERRCODE_PROGRAM_LIMIT_EXCEEDED,
+            format!(
+                "gpu_graph: an index with storage = '{}' takes vectors of at most {} dimensions, not {dim}",
+                storage.name(),
+                storage.max_dim()
+            ),
+            format!("Use WITH (storage = 'f16') for up to {} dimensions.", Element::F16.max_dim())
+        );
+    }
 }
 
 /// ERROR unless `got` equals the index's dimension count.

@@ -11,7 +11,8 @@
 //!   list's unused slots [`NO_NODE`];
 //! - a vector page: `per_vector_page` vector tuples of
 //!   [`Layout::vector_size`] bytes: the heap TID as three u16 words (block
-//!   high, block low, offset), the flags (u16), then `stored_dim` f32.
+//!   high, block low, offset), the flags (u16), then `stored_dim` f32, or
+//!   IEEE half with `storage = 'f16'` (the layout's element).
 //!
 //! Values are in the machine's byte order, as in PostgreSQL's own pages.
 //! Page images are MAXALIGNed (shared and local buffers, GenericXLog's
@@ -21,9 +22,10 @@
 use std::ops::Range;
 
 use gpu_graph_engine::NO_NODE;
+use half::f16;
 use pgrx::pg_sys;
 
-use super::layout::{Layout, BLCKSZ, FLAG_FREE, PAGE_HEADER, USABLE, VECTOR_HEADER};
+use super::layout::{Element, Layout, BLCKSZ, FLAG_FREE, PAGE_HEADER, USABLE, VECTOR_HEADER};
 use super::meta::Meta;
 
 /// A heap TID packed in the engine's u64 payload: block << 16 | offset.
@@ -67,10 +69,39 @@ impl VectorHeader {
     }
 }
 
+/// A stored vector, read in place.
+#[derive(Clone, Copy)]
+pub enum Stored<'a> {
+    F32(&'a [f32]),
+    F16(&'a [f16]),
+}
+
+impl Stored<'_> {
+    /// Calls `f` with the vector in f32: in place, or widened into `scratch`.
+    pub fn with_f32<R>(&self, scratch: &mut Vec<f32>, f: impl FnOnce(&[f32]) -> R) -> R {
+        match self {
+            Stored::F32(v) => f(v),
+            Stored::F16(v) => {
+                scratch.clear();
+                scratch.extend(v.iter().map(|x| x.to_f32()));
+                f(scratch)
+            }
+        }
+    }
+
+    /// Writes the vector, in f32, into `out` (of the same length).
+    pub fn copy_to(&self, out: &mut [f32]) {
+        match self {
+            Stored::F32(v) => out.copy_from_slice(v),
+            Stored::F16(v) => out.iter_mut().zip(v.iter()).for_each(|(o, x)| *o = x.to_f32()),
+        }
+    }
+}
+
 /// A node's vector tuple, read in place.
 pub struct Tuple<'a> {
     pub header: VectorHeader,
-    pub vector: &'a [f32],
+    pub vector: Stored<'a>,
 }
 
 /// Where a node's list lies in its graph page's contents.
@@ -85,14 +116,16 @@ fn tuple_range(layout: &Layout, node: u32) -> Range<usize> {
     start..start + layout.vector_size()
 }
 
-/// The 4-byte values a page holds in place: u32 (lists) and f32 (vectors).
+/// The values a page holds in place: u32 (lists), f32 and f16 (vectors);
+/// every bit pattern is a value of each.
 trait Word: Copy {}
 impl Word for u32 {}
 impl Word for f32 {}
+impl Word for f16 {}
 
 fn words<T: Word>(bytes: &[u8]) -> &[T] {
-    // SAFETY: T is u32 or f32 (the private trait Word), for which every bit
-    // pattern is a value; align_to leaves any misaligned bytes in the prefix
+    // SAFETY: T is u32, f32 or f16 (the private trait Word), for which every
+    // bit pattern is a value; align_to leaves any misaligned bytes in the prefix
     // and suffix, which the assert rules out.
     let (head, words, tail) = unsafe { bytes.align_to::<T>() };
     assert!(head.is_empty() && tail.is_empty(), "gpu_graph: misaligned page contents");
@@ -148,7 +181,11 @@ impl<'a> PageRef<'a> {
     /// A node's vector tuple.
     pub fn tuple(&self, layout: &Layout, node: u32) -> Tuple<'a> {
         let (header, vector) = self.contents[tuple_range(layout, node)].split_at(VECTOR_HEADER);
-        Tuple { header: VectorHeader::decode(header), vector: words(vector) }
+        let vector = match layout.element {
+            Element::F32 => Stored::F32(words(vector)),
+            Element::F16 => Stored::F16(words(vector)),
+        };
+        Tuple { header: VectorHeader::decode(header), vector }
     }
 }
 
@@ -224,11 +261,17 @@ impl<'a> PageMut<'a> {
         }
     }
 
-    /// Writes a node's vector tuple.
+    /// Writes a node's vector tuple (its vector rounded to f16 when the
+    /// layout stores f16).
     pub fn put_tuple(&mut self, layout: &Layout, node: u32, payload: u64, flags: u16, v: &[f32]) {
         let (header, vector) = self.contents()[tuple_range(layout, node)].split_at_mut(VECTOR_HEADER);
         VectorHeader::new(payload, flags).encode(header);
-        words_mut::<f32>(vector).copy_from_slice(v);
+        match layout.element {
+            Element::F32 => words_mut::<f32>(vector).copy_from_slice(v),
+            Element::F16 => {
+                words_mut::<f16>(vector).iter_mut().zip(v).for_each(|(o, &x)| *o = f16::from_f32(x));
+            }
+        }
     }
 
     /// Changes the flags of a node's vector tuple; returns the old flags.
@@ -252,7 +295,7 @@ mod tests {
 
     #[test]
     fn lists_and_tuples_round_trip() {
-        let layout = Layout::new(8, 3);
+        let layout = Layout::new(8, 3, Element::F32);
         let mut img = Box::new(Image([0xAA; BLCKSZ]));
         let page = img.0.as_mut_ptr() as pg_sys::Page;
         // SAFETY: `img` is a MAXALIGNed BLCKSZ image used only through this view.
@@ -266,9 +309,32 @@ mod tests {
         assert_eq!(r.list(&layout, node), &[4, 5, 6, NO_NODE, NO_NODE, NO_NODE, NO_NODE, NO_NODE]);
         assert_eq!(r.neighbors(&layout, node).collect::<Vec<_>>(), vec![4, 5, 6]);
         let t = r.tuple(&layout, node);
-        assert_eq!((t.header.payload(), t.header.flags, t.vector), (0x0001_0002_0003, 0, &[1.0f32, 2.0, 3.0][..]));
+        let mut v = [0f32; 3];
+        t.vector.copy_to(&mut v);
+        assert_eq!((t.header.payload(), t.header.flags, v), (0x0001_0002_0003, 0, [1.0f32, 2.0, 3.0]));
         assert_eq!(w.set_flags(&layout, node, |f| f | 1), 0);
         assert_eq!(w.as_ref().tuple(&layout, node).header.flags, 1);
+    }
+
+    #[test]
+    fn f16_tuples_round_to_nearest_and_take_half() {
+        let (l32, l16) = (Layout::new(8, 5, Element::F32), Layout::new(8, 5, Element::F16));
+        assert_eq!((l32.vector_size(), l16.vector_size()), (28, 18));
+        let mut img = Box::new(Image([0; BLCKSZ]));
+        // SAFETY: `img` is a MAXALIGNed BLCKSZ image used only through this view.
+        let mut w = unsafe { PageMut::new(img.0.as_mut_ptr() as pg_sys::Page) };
+        let x = [1.0f32, -2.5, 0.1, 65504.0, 1e-8];
+        w.put_tuple(&l16, 7, 42, 0, &x);
+        let t = w.as_ref().tuple(&l16, 7);
+        assert!(matches!(t.vector, Stored::F16(_)));
+        let mut v = [0f32; 5];
+        t.vector.copy_to(&mut v);
+        let expected: Vec<f32> = x.iter().map(|&a| f16::from_f32(a).to_f32()).collect();
+        assert_eq!(v.to_vec(), expected);
+        assert_eq!(v[..2], [1.0, -2.5]);
+        assert!((v[2] - 0.1).abs() < 1e-4);
+        let mut scratch = Vec::new();
+        assert_eq!(t.vector.with_f32(&mut scratch, |s| s.to_vec()), expected);
     }
 
     #[test]

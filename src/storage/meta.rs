@@ -6,11 +6,11 @@ use gpu_graph_engine::NO_NODE;
 use pgrx::pg_sys;
 
 use super::buffer::{Locked, Xlog};
-use super::layout::Layout;
+use super::layout::{Element, Layout};
 
 pub const MAGIC: u32 = 0x4750_4752; // "GPGR"
 /// 2: chunks of whole vector pages where that takes fewer pages (Layout::new);
-/// scan_workers
+/// scan_workers; storage
 pub const FORMAT_VERSION: u32 = 2;
 /// Node ids freed by VACUUM and kept for reuse by inserts.
 pub const FREE_CAP: usize = 1800;
@@ -50,6 +50,8 @@ pub struct Meta {
     pub build_threads: u32,
     /// parallel workers that scanned the heap beside the leader
     pub scan_workers: u32,
+    /// bytes a stored coordinate takes: 4 (f32) or 2 (f16)
+    pub element_bytes: u32,
     /// milliseconds of each of [`PHASES`]
     pub build_ms: [f32; 6],
     /// the GPU's name, NUL-padded (empty for a CPU build)
@@ -59,7 +61,7 @@ pub struct Meta {
 }
 
 impl Meta {
-    pub fn new(metric: Metric, params: &BuildParams) -> Meta {
+    pub fn new(metric: Metric, params: &BuildParams, element: Element) -> Meta {
         Meta {
             magic: MAGIC,
             version: FORMAT_VERSION,
@@ -80,6 +82,7 @@ impl Meta {
             build_device: 0,
             build_threads: 0,
             scan_workers: 0,
+            element_bytes: element.bytes() as u32,
             build_ms: [0.0; 6],
             device_name: [0; 64],
             free_count: 0,
@@ -92,8 +95,15 @@ impl Meta {
     pub fn stored_dim(&self) -> usize {
         self.metric().stored_dim(self.dim as usize)
     }
+    pub fn element(&self) -> Element {
+        if self.element_bytes == 2 {
+            Element::F16
+        } else {
+            Element::F32
+        }
+    }
     pub fn layout(&self) -> Layout {
-        Layout::new(self.degree as usize, self.stored_dim())
+        Layout::new(self.degree as usize, self.stored_dim(), self.element())
     }
     pub fn entry(&self) -> Option<u32> {
         (self.entry != NO_NODE).then_some(self.entry)

@@ -7,6 +7,8 @@
 //! held while another lock is taken, so no cycle can form. The meta page is
 //! taken first when taken at all.
 
+use std::cell::RefCell;
+
 use gpu_graph_engine::store::{GraphMut, GraphView, Visit};
 use gpu_graph_engine::NO_NODE;
 use pgrx::pg_sys;
@@ -19,6 +21,8 @@ pub struct PageStore {
     /// an open gpu_graph index, for as long as the store is used
     pub rel: pg_sys::Relation,
     pub layout: Layout,
+    /// an f16 vector widened for the distance function
+    scratch: RefCell<Vec<f32>>,
 }
 
 impl PageStore {
@@ -26,7 +30,7 @@ impl PageStore {
     /// `rel` must be an open gpu_graph index whose meta page `meta` was read
     /// from, and stay open while the store is used.
     pub unsafe fn new(rel: pg_sys::Relation, meta: &Meta) -> PageStore {
-        PageStore { rel, layout: meta.layout() }
+        PageStore { rel, layout: meta.layout(), scratch: RefCell::new(Vec::new()) }
     }
 
     /// Sets flags on a node's vector tuple, WAL-logged; returns the old flags.
@@ -95,7 +99,8 @@ impl GraphView for PageStore {
                 return None;
             }
             let deleted = t.header.flags & FLAG_DELETED != 0;
-            Some(Visit { dist: dist(t.vector), payload: t.header.payload(), deleted })
+            let dist = t.vector.with_f32(&mut self.scratch.borrow_mut(), dist);
+            Some(Visit { dist, payload: t.header.payload(), deleted })
         }
     }
     fn neighbors(&self, node: u32, out: &mut Vec<u32>) {

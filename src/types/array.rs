@@ -3,8 +3,9 @@
 
 use pgrx::pg_sys;
 
-/// Limits as pgvector's: a stored f32 vector plus its header fits a page.
-pub const MAX_DIM: usize = 2000;
+/// The most dimensions of any gpu_graph vector: what an f16 index stores
+/// (an index with f32 storage takes at most 2000: `Element::max_dim`).
+pub const MAX_DIM: usize = 4000;
 
 /// Why a real[] cannot be used as a vector.
 #[derive(Debug, Clone, PartialEq)]

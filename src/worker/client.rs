@@ -26,14 +26,13 @@ use gpu_graph_engine::store::GraphView;
 use pgrx::pg_sys;
 
 use super::outcome::Outcome;
-use super::ring::{Slot, MAX_HITS};
+use super::ring::{Slot, MAX_HITS, MAX_QUERY_DIM};
 use super::shmem::{shared, Shared};
 use super::stats::{add, counters, record};
 use super::{set_latch, sleep};
 use crate::gucs::{SearchDevice, GPU_TIMEOUT, INJECT_FAULT, SEARCH_DEVICE, WORKER_DELAY};
 use crate::storage::meta::Meta;
 use crate::storage::page_store::PageStore;
-use crate::types::array::MAX_DIM;
 
 /// The worker's first round of a scan.
 pub struct Answer {
@@ -131,7 +130,7 @@ unsafe fn ask(index: pg_sys::Relation, meta: &Meta, query: &[f32], ef: usize) ->
     // SAFETY: as above.
     let persistence = unsafe { (*rel.rd_rel).relpersistence } as u8;
     // a temporary index lives in this backend's local buffers
-    if persistence == pg_sys::RELPERSISTENCE_TEMP || query.len() > MAX_DIM {
+    if persistence == pg_sys::RELPERSISTENCE_TEMP || query.len() > MAX_QUERY_DIM {
         return Err(Outcome::Unfit);
     }
     let claim = Claim::new(shared).ok_or(Outcome::Busy)?;

@@ -26,7 +26,7 @@ use pgrx::pg_sys;
 
 use super::ring::Request;
 use crate::storage::codec::PageRef;
-use crate::storage::layout::Layout;
+use crate::storage::layout::{Element, Layout};
 use crate::storage::meta::{Meta, FORMAT_VERSION, MAGIC};
 
 /// Which index: its RelFileNode (tablespace, database, relation).
@@ -209,7 +209,7 @@ impl Loader {
                 rnode,
                 permanent: req.permanent,
                 strategy: pg_sys::GetAccessStrategy(pg_sys::BufferAccessStrategyType::BAS_BULKREAD),
-                layout: Layout::new(8, 1),
+                layout: Layout::new(8, 1, Element::F32),
                 next: 1,
                 last: 0,
                 image: None,
@@ -282,7 +282,7 @@ impl Loader {
                             let t = p.tuple(&l, node as u32);
                             // the page's flags are the engine's node flags, widened
                             image.flags[node] = t.header.flags as u8;
-                            image.vectors[node * l.stored_dim..(node + 1) * l.stored_dim].copy_from_slice(t.vector);
+                            t.vector.copy_to(&mut image.vectors[node * l.stored_dim..(node + 1) * l.stored_dim]);
                         }
                     }
                 })

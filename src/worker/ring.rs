@@ -31,7 +31,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::outcome::Outcome;
 use crate::gucs::EF_SEARCH_MAX;
-use crate::types::array::MAX_DIM;
+
+/// The most dimensions a query through the worker has (its slot's size and
+/// the search kernel's limit); wider ones search on the CPU.
+pub const MAX_QUERY_DIM: usize = 2000;
 
 /// The most results one answer carries: a scan's first round is `ef_search` rows.
 pub const MAX_HITS: usize = EF_SEARCH_MAX as usize;
@@ -90,7 +93,7 @@ pub struct Request {
     /// GetCurrentTimestamp() at submission
     pub submitted_at: i64,
     /// the query as the user gave it (`dim` values)
-    pub query: [f32; MAX_DIM],
+    pub query: [f32; MAX_QUERY_DIM],
 }
 
 /// The worker's answer. Written by the worker in WORKING only.

@@ -22,11 +22,24 @@ CREATE INDEX ON zero_dims USING gpu_graph (v);
 CREATE TABLE too_many (v real[]);
 INSERT INTO too_many SELECT array_agg(1::real) FROM generate_series(1, 2001);
 CREATE INDEX ON too_many USING gpu_graph (v);
--- 2000 is the limit, and allowed
+-- f16 storage takes up to 4000
+CREATE INDEX too_many_idx ON too_many USING gpu_graph (v) WITH (storage = 'f16');
+SELECT gpu_graph_info('too_many_idx')->'dimensions' AS dims, gpu_graph_info('too_many_idx')->'storage' AS storage;
+DROP INDEX too_many_idx;
+CREATE TABLE too_wide (v real[]);
+INSERT INTO too_wide SELECT array_agg(1::real) FROM generate_series(1, 4001);
+CREATE INDEX ON too_wide USING gpu_graph (v) WITH (storage = 'f16');
+-- an empty f32 index takes its dimensions from the first row, within its limit
+CREATE TABLE too_many_later (v real[]);
+CREATE INDEX ON too_many_later USING gpu_graph (v);
+INSERT INTO too_many_later SELECT v FROM too_many;
+-- 2000 is the f32 limit, and allowed
 UPDATE too_many SET v = v[1:2000];
 CREATE INDEX too_many_idx ON too_many USING gpu_graph (v);
 SELECT gpu_graph_info('too_many_idx')->'dimensions' AS dims;
 DROP INDEX too_many_idx;
+-- storage takes f32 or f16
+CREATE INDEX ON too_many USING gpu_graph (v) WITH (storage = 'f8');
 
 CREATE TABLE elem_null (v real[]);
 INSERT INTO elem_null VALUES ('{1,NULL}');
@@ -90,4 +103,4 @@ RESET maintenance_work_mem;
 -- gpu_graph_info on something else
 SELECT gpu_graph_info('big');
 
-DROP TABLE dims, nonfinite, zero_dims, too_many, elem_null, multi, opts, later, cos, big;
+DROP TABLE dims, nonfinite, zero_dims, too_many, too_wide, too_many_later, elem_null, multi, opts, later, cos, big;

@@ -23,6 +23,8 @@ use std::ops::Range;
 
 use gpu_graph_engine::NO_NODE;
 use half::f16;
+// SIMD conversions of whole vectors (F16C where the CPU has it)
+use half::slice::HalfFloatSliceExt;
 use pgrx::pg_sys;
 
 use super::layout::{Element, Layout, BLCKSZ, FLAG_FREE, PAGE_HEADER, USABLE, VECTOR_HEADER};
@@ -82,8 +84,8 @@ impl Stored<'_> {
         match self {
             Stored::F32(v) => f(v),
             Stored::F16(v) => {
-                scratch.clear();
-                scratch.extend(v.iter().map(|x| x.to_f32()));
+                scratch.resize(v.len(), 0.0);
+                v.convert_to_f32_slice(scratch);
                 f(scratch)
             }
         }
@@ -93,7 +95,7 @@ impl Stored<'_> {
     pub fn copy_to(&self, out: &mut [f32]) {
         match self {
             Stored::F32(v) => out.copy_from_slice(v),
-            Stored::F16(v) => out.iter_mut().zip(v.iter()).for_each(|(o, x)| *o = x.to_f32()),
+            Stored::F16(v) => v.convert_to_f32_slice(out),
         }
     }
 }
@@ -268,9 +270,7 @@ impl<'a> PageMut<'a> {
         VectorHeader::new(payload, flags).encode(header);
         match layout.element {
             Element::F32 => words_mut::<f32>(vector).copy_from_slice(v),
-            Element::F16 => {
-                words_mut::<f16>(vector).iter_mut().zip(v).for_each(|(o, &x)| *o = f16::from_f32(x));
-            }
+            Element::F16 => words_mut::<f16>(vector).convert_from_f32_slice(v),
         }
     }
 

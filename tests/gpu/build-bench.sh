@@ -19,7 +19,10 @@
 #   PGVECTOR   1: also pgvector HNSW (m 16, ef_construction 64, 15 workers)
 #              on a vector copy of the table, recall at hnsw.ef_search EFS;
 #              the extension must be installed (this never fetches it)
+#   PV_MWM     maintenance_work_mem of pgvector's build (default 16GB: it
+#              allocates all of it as shared memory up front)
 #   KEEP=1     keep the last gpu_graph index
+#   BUILD_DEVICE  gpu_graph.build_device for the builds (default gpu)
 set -euo pipefail
 dir=${1:?usage: build-bench.sh DIR}
 stage=$(pwd)/.device
@@ -38,7 +41,10 @@ dim=$(python3 -c "import numpy as np,sys; print(np.fromfile(sys.argv[1], dtype=n
 if [ "${LOAD:-1}" = 1 ]; then
   "$stage/gpu-graph-bench" --base "$dir/base.fvecs" --query "$dir/query.fvecs" --gt "$dir/groundtruth.ivecs" \
     --metric l2 --table "$table" --load-only ${COLUMN:+--column-storage "$COLUMN"} 2>&1 | grep -E "rows|load"
-  q -c "DROP TABLE IF EXISTS ${table}_q" -c "CREATE TABLE ${table}_q (id int PRIMARY KEY, v real[])"
+  q -c "DROP TABLE IF EXISTS ${table}_q"
+fi
+if [ -z "$(q -c "SELECT 1 FROM pg_class WHERE relname = '${table}_q'")" ]; then
+  q -c "CREATE TABLE ${table}_q (id int PRIMARY KEY, v real[])"
   python3 - "$dir/query.fvecs" >/tmp/${table}_q.csv <<'PY'
 import numpy as np, sys
 raw = np.fromfile(sys.argv[1], dtype=np.int32); d = raw[0]
@@ -48,6 +54,7 @@ for i, v in enumerate(x):
 PY
   q -c "\\copy ${table}_q FROM /tmp/${table}_q.csv"
 fi
+q -c "CREATE EXTENSION IF NOT EXISTS gpu_graph" >/dev/null
 rows=$(q -c "SELECT count(*) FROM $table")
 echo "table $table: $rows rows x $dim dims, heap $(q -c "SELECT pg_size_pretty(pg_table_size('$table'))") (TOAST included)"
 
@@ -99,7 +106,7 @@ for storage in $storages; do
     done
   } >/tmp/bench_builds.sql
   q -c "SET client_min_messages = notice" -c "SET maintenance_work_mem = '64GB'" \
-    -c "SET max_parallel_maintenance_workers = 15" -c "SET gpu_graph.build_device = gpu" \
+    -c "SET max_parallel_maintenance_workers = 15" -c "SET gpu_graph.build_device = ${BUILD_DEVICE:-gpu}" \
     -f /tmp/bench_builds.sql >"$out/builds_${table}_$storage.log" 2>&1 || {
     cat "$out/builds_${table}_$storage.log"
     fail "a gpu_graph build failed"
@@ -119,7 +126,8 @@ if [ "${PGVECTOR:-0}" = 1 ]; then
   q -c "CREATE EXTENSION IF NOT EXISTS vector" >/dev/null
   q -c "DROP TABLE IF EXISTS ${table}_pv" \
     -c "CREATE TABLE ${table}_pv AS SELECT id, embedding::vector($dim) AS v FROM $table" >/dev/null
-  q -c "SET maintenance_work_mem = '64GB'" -c "SET max_parallel_maintenance_workers = 15" -c "\\timing on" \
+  # pgvector allocates all of maintenance_work_mem as shared memory up front
+  q -c "SET maintenance_work_mem = '${PV_MWM:-16GB}'" -c "SET max_parallel_maintenance_workers = 15" -c "\\timing on" \
     -c "CREATE INDEX ${table}_pv_hnsw ON ${table}_pv USING hnsw (v vector_l2_ops) WITH (m = 16, ef_construction = 64)" \
     2>&1 | grep -E "Time|ERROR" | sed 's/^/  /'
   echo "  index $(q -c "SELECT pg_size_pretty(pg_relation_size('${table}_pv_hnsw'))")"

@@ -15,7 +15,7 @@
 #              (statements before each CREATE INDEX; default 1)
 #   EFS        ef_search values for recall@10 (default "20 40 80")
 #   QPS        seconds of pgbench per (path, ef) point, 0 for none (default 0)
-#   CLIENTS    pgbench clients (default 64)
+#   CLIENTS    pgbench client counts (default "16 64")
 #   PGVECTOR   1: also pgvector HNSW (m 16, ef_construction 64, 15 workers)
 #              on a vector copy of the table, recall at hnsw.ef_search EFS;
 #              the extension must be installed (this never fetches it)
@@ -33,7 +33,7 @@ storages=${STORAGE:-default}
 builds=${BUILDS:-1}
 efs=${EFS:-"20 40 80"}
 qps=${QPS:-0}
-clients=${CLIENTS:-64}
+clients=${CLIENTS:-"16 64"}
 fail() { echo "build-bench: FAIL: $*" >&2; tail -20 /tmp/pg.log >&2; exit 1; }
 q() { psql -X -v ON_ERROR_STOP=1 -At "$@"; }
 dim=$(python3 -c "import numpy as np,sys; print(np.fromfile(sys.argv[1], dtype=np.int32, count=1)[0])" "$dir/base.fvecs")
@@ -86,9 +86,12 @@ qps() {
   [ "$qps" -gt 0 ] || return 0
   printf '\\set qid random(0, 999)\nSELECT id FROM %s ORDER BY %s <-> (SELECT v FROM %s_q WHERE id = :qid)%s LIMIT 10;\n' \
     "$name" "${6:-embedding}" "$table" "$cast" >/tmp/bench_knn.sql
-  PGOPTIONS="-c $setting=$ef $opts" pgbench -n -M prepared -c "$clients" -j 16 -T "$qps" -f /tmp/bench_knn.sql postgres \
-    >/tmp/bench_pgb.log 2>&1 || { cat /tmp/bench_pgb.log; fail "pgbench"; }
-  echo "  $setting $ef, $clients clients: $(awk '/^tps/ {printf "%.0f", $3}' /tmp/bench_pgb.log) queries/s ($opts)"
+  local c
+  for c in $clients; do
+    PGOPTIONS="-c $setting=$ef $opts" pgbench -n -M prepared -c "$c" -j 16 -T "$qps" -f /tmp/bench_knn.sql postgres \
+      >/tmp/bench_pgb.log 2>&1 || { cat /tmp/bench_pgb.log; fail "pgbench"; }
+    echo "  $setting $ef, $c clients: $(awk '/^tps/ {printf "%.0f", $3}' /tmp/bench_pgb.log) queries/s ($opts)"
+  done
 }
 
 for storage in $storages; do

@@ -21,6 +21,8 @@
 #              the extension must be installed (this never fetches it)
 #   PV_MWM     maintenance_work_mem of pgvector's build (default 16GB: it
 #              allocates all of it as shared memory up front)
+#   PARALLEL_WORKERS  the table's parallel_workers (default: PostgreSQL's
+#              choice from the table's size)
 #   KEEP=1     keep the last gpu_graph index
 #   BUILD_DEVICE  gpu_graph.build_device for the builds (default gpu)
 set -euo pipefail
@@ -55,6 +57,7 @@ PY
   q -c "\\copy ${table}_q FROM /tmp/${table}_q.csv"
 fi
 q -c "CREATE EXTENSION IF NOT EXISTS gpu_graph" >/dev/null
+[ -z "${PARALLEL_WORKERS:-}" ] || q -c "ALTER TABLE $table SET (parallel_workers = $PARALLEL_WORKERS)"
 rows=$(q -c "SELECT count(*) FROM $table")
 echo "table $table: $rows rows x $dim dims, heap $(q -c "SELECT pg_size_pretty(pg_table_size('$table'))") (TOAST included)"
 

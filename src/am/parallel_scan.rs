@@ -238,21 +238,32 @@ unsafe fn gather(loader: &mut Loader, shared: &Shared, area: *mut pg_sys::dsa_ar
             }
         })
         .collect();
-    let (old_rows, added) = (loader.payloads.len(), batches.iter().map(|b| b.0.len()).sum::<usize>());
-    loader.payloads.resize(old_rows + added, 0);
-    loader.vectors.resize((old_rows + added) * sd, 0.0);
-    let mut targets = Vec::with_capacity(n);
-    let (mut p, mut v) = (&mut loader.payloads[old_rows..], &mut loader.vectors[old_rows * sd..]);
-    for (bp, bv) in &batches {
-        let (pt, prest) = std::mem::take(&mut p).split_at_mut(bp.len());
-        let (vt, vrest) = std::mem::take(&mut v).split_at_mut(bv.len());
-        targets.push((pt, vt, *bp, *bv));
-        (p, v) = (prest, vrest);
+    let added = batches.iter().map(|b| b.0.len()).sum::<usize>();
+    append_parallel(&mut loader.payloads, batches.iter().map(|b| b.0), added);
+    append_parallel(&mut loader.vectors, batches.iter().map(|b| b.1), added * sd);
+}
+
+/// Appends `parts` (`len` values in all) to `out`, copying them on every
+/// core into capacity that is neither zeroed first nor touched by one
+/// thread alone (at 10M x 96 a zeroing resize and its page faults on one
+/// core cost as much as the scan).
+fn append_parallel<'a, T: Copy + Send + Sync + 'a>(out: &mut Vec<T>, parts: impl Iterator<Item = &'a [T]>, len: usize) {
+    out.reserve_exact(len);
+    let mut spare = &mut out.spare_capacity_mut()[..len];
+    let mut targets = Vec::new();
+    for part in parts {
+        let (head, rest) = std::mem::take(&mut spare).split_at_mut(part.len());
+        targets.push((head, part));
+        spare = rest;
     }
-    targets.into_par_iter().for_each(|(pt, vt, bp, bv)| {
-        pt.copy_from_slice(bp);
-        vt.copy_from_slice(bv);
+    assert!(spare.is_empty(), "gpu_graph: the parts do not fill the space reserved");
+    targets.into_par_iter().for_each(|(head, part)| {
+        head.write_copy_of_slice(part);
     });
+    let new_len = out.len() + len;
+    // SAFETY: the `len` values after the old length were all written above
+    // (the parts' lengths sum to `len`, and each went to its own range).
+    unsafe { out.set_len(new_len) };
 }
 
 /// A parallel worker of the heap scan (CreateParallelContext names it).

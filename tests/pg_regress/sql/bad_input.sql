@@ -21,21 +21,21 @@ CREATE INDEX ON zero_dims USING gpu_graph (v);
 
 CREATE TABLE too_many (v real[]);
 INSERT INTO too_many SELECT array_agg(1::real) FROM generate_series(1, 2001);
-CREATE INDEX ON too_many USING gpu_graph (v);
--- f16 storage takes up to 4000
-CREATE INDEX too_many_idx ON too_many USING gpu_graph (v) WITH (storage = 'f16');
+CREATE INDEX ON too_many USING gpu_graph (v) WITH (storage = 'f32');
+-- f16 storage (the default) takes up to 4000
+CREATE INDEX too_many_idx ON too_many USING gpu_graph (v);
 SELECT gpu_graph_info('too_many_idx')->'dimensions' AS dims, gpu_graph_info('too_many_idx')->'storage' AS storage;
 DROP INDEX too_many_idx;
 CREATE TABLE too_wide (v real[]);
 INSERT INTO too_wide SELECT array_agg(1::real) FROM generate_series(1, 4001);
-CREATE INDEX ON too_wide USING gpu_graph (v) WITH (storage = 'f16');
+CREATE INDEX ON too_wide USING gpu_graph (v);
 -- an empty f32 index takes its dimensions from the first row, within its limit
 CREATE TABLE too_many_later (v real[]);
-CREATE INDEX ON too_many_later USING gpu_graph (v);
+CREATE INDEX ON too_many_later USING gpu_graph (v) WITH (storage = 'f32');
 INSERT INTO too_many_later SELECT v FROM too_many;
 -- 2000 is the f32 limit, and allowed
 UPDATE too_many SET v = v[1:2000];
-CREATE INDEX too_many_idx ON too_many USING gpu_graph (v);
+CREATE INDEX too_many_idx ON too_many USING gpu_graph (v) WITH (storage = 'f32');
 SELECT gpu_graph_info('too_many_idx')->'dimensions' AS dims;
 DROP INDEX too_many_idx;
 -- storage takes f32 or f16

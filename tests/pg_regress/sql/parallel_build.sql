@@ -16,9 +16,10 @@ INSERT INTO par SELECT i, ARRAY[sin(i), cos(i * 1.3), sin(i * 0.7), cos(i * 0.11
 INSERT INTO par VALUES (40001, NULL), (40002, NULL), (40003, '{0,0,0,0}');
 
 SET max_parallel_maintenance_workers = 2;
-CREATE INDEX par_parallel ON par USING gpu_graph (v real_cosine_ops);
+-- f32 pages: the answers below are compared with the exact ones in order
+CREATE INDEX par_parallel ON par USING gpu_graph (v real_cosine_ops) WITH (storage = 'f32');
 SET max_parallel_maintenance_workers = 0;
-CREATE INDEX par_serial ON par USING gpu_graph (v real_cosine_ops);
+CREATE INDEX par_serial ON par USING gpu_graph (v real_cosine_ops) WITH (storage = 'f32');
 RESET max_parallel_maintenance_workers;
 
 -- the parallel build used workers; both indexed the 40000 rows once

@@ -1,5 +1,5 @@
--- storage = 'f16': vector pages of IEEE half (the graph is built on the f32
--- input; scans rank by the stored values). Two thirds of the pages here (the
+-- storage = 'f16' (the default): vector pages of IEEE half (the graph is
+-- built on the f32 input; scans rank by the stored values). Two thirds of the pages here (the
 -- vector pages halve), recall as good as f32's, inserts stored and found.
 SET client_min_messages = warning;
 CREATE TABLE st (id int, v real[]);
@@ -25,11 +25,12 @@ RESET enable_indexscan;
 -- random 64-dim vectors are hard: f32 itself is near 0.92 at ef 200)
 SET gpu_graph.ef_search = 200;
 SET enable_seqscan = off;
-CREATE INDEX st_f32 ON st USING gpu_graph (v);
+CREATE INDEX st_f32 ON st USING gpu_graph (v) WITH (storage = 'f32');
 CREATE TEMP TABLE via_f32 AS SELECT q, st_knn(v) AS ids FROM st_q;
 CREATE TEMP TABLE f32_size AS SELECT pg_relation_size('st_f32') AS bytes;
 DROP INDEX st_f32;
-CREATE INDEX st_f16 ON st USING gpu_graph (v) WITH (storage = 'f16');
+-- f16 is the default
+CREATE INDEX st_f16 ON st USING gpu_graph (v);
 CREATE TEMP TABLE via_f16 AS SELECT q, st_knn(v) AS ids FROM st_q;
 SET gpu_graph.ef_search = 800;
 CREATE TEMP TABLE via_f16_800 AS SELECT q, st_knn(v) AS ids FROM st_q;

@@ -8,9 +8,10 @@
 set -euo pipefail
 # shellcheck source=scripts/cluster.sh
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/cluster.sh"
+# shellcheck source=tests/cluster/lib/crash.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib/crash.sh"
 
 fail() { echo "wal_minimal: FAIL: $*" >&2; exit 1; }
-bindir=$(gg_pg_bindir)
 # wal_skip_threshold 0: the commit fsyncs the new file rather than logging it
 gg_cluster_start "wal_level = minimal" "max_wal_senders = 0" "wal_skip_threshold = 0" "fsync = on"
 dir=$GG_CLUSTER_DIR
@@ -37,23 +38,12 @@ size=$(q -c "SELECT pg_relation_size('items_idx')")
 echo "index $size bytes, WAL during the build $wal bytes"
 [ "$wal" -lt $((size / 20)) ] || fail "the build wrote $wal bytes of WAL for a $size-byte index"
 
-answers() {
-  q <<'SQL'
-SET enable_seqscan = off;
-SELECT md5(string_agg(ids, ';' ORDER BY q)) FROM (
-  SELECT q, (SELECT string_agg(id::text, ',') FROM
-    (SELECT id FROM items ORDER BY v <-> queries.v LIMIT 20) s) AS ids FROM queries) t;
-SELECT gpu_graph_info('items_idx')->'nodes';
-SQL
-}
-before=$(answers)
+before=$(index_fingerprint)
 echo "before:    $before" | tr '\n' ' '; echo
 [ "$(q -c "SELECT (gpu_graph_info('items_idx')->'nodes'->>'live')::int")" = 20000 ] || fail "the index does not hold 20000 rows"
 
-gg_as_pg "$bindir/pg_ctl" -D "$dir/data" -m immediate -w stop >/dev/null
-gg_as_pg "${GG_SERVER_ENV[@]}" "$bindir/pg_ctl" -D "$dir/data" -l "$dir/postgres.log" -w start >/dev/null ||
-  fail "the server did not restart"
-after=$(answers)
+crash_restart "$dir" || fail "the server did not restart"
+after=$(index_fingerprint)
 echo "recovered: $after" | tr '\n' ' '; echo
 [ "$after" = "$before" ] || fail "the recovered index answers differently"
 echo "wal_minimal: passed"

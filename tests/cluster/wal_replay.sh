@@ -9,6 +9,8 @@
 set -euo pipefail
 # shellcheck source=scripts/cluster.sh
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/cluster.sh"
+# shellcheck source=tests/cluster/lib/crash.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib/crash.sh"
 
 fail() { echo "wal_replay: FAIL: $*" >&2; exit 1; }
 bindir=$(gg_pg_bindir)
@@ -52,17 +54,8 @@ CREATE TABLE queries AS SELECT q, ARRAY[sin(q * 3)::real, cos(q * 5)::real, sin(
 SQL
 
 # what 50 index scans return, and the index's own counts, as one fingerprint
-answers() {
-  q "$@" <<'SQL'
-SET enable_seqscan = off;
-SELECT md5(string_agg(ids, ';' ORDER BY q)) FROM (
-  SELECT q, (SELECT string_agg(id::text, ',') FROM
-    (SELECT id FROM items ORDER BY v <-> queries.v LIMIT 20) s) AS ids FROM queries) t;
-SELECT gpu_graph_info('items_idx')->'nodes';
-SQL
-}
 
-before=$(answers "${primary[@]}")
+before=$(index_fingerprint "${primary[@]}")
 echo "primary:  $before" | tr '\n' ' '; echo
 # 22000 nodes before the DELETE; the 500 later rows took freed ones
 [ "$(q "${primary[@]}" -c "SELECT (gpu_graph_info('items_idx')->'nodes'->>'allocated')::int")" = 22000 ] ||
@@ -76,16 +69,14 @@ for _ in $(seq 1 300); do
   sleep 0.1
 done
 [ "$caught" = t ] || fail "the standby did not catch up"
-on_standby=$(answers "${standby[@]}")
+on_standby=$(index_fingerprint "${standby[@]}")
 echo "standby:  $on_standby" | tr '\n' ' '; echo
 [ "$on_standby" = "$before" ] || fail "the standby answers differently"
 
 # a crash: no shutdown checkpoint, recovery replays the WAL
-gg_as_pg "$bindir/pg_ctl" -D "$primary_dir/data" -m immediate -w stop >/dev/null
-gg_as_pg "${GG_SERVER_ENV[@]}" "$bindir/pg_ctl" -D "$primary_dir/data" -l "$primary_dir/postgres.log" -w start >/dev/null ||
-  fail "the primary did not restart"
+crash_restart "$primary_dir" || fail "the primary did not restart"
 grep -q "redo starts" "$primary_dir/postgres.log" || fail "the restart replayed no WAL"
-after=$(answers "${primary[@]}")
+after=$(index_fingerprint "${primary[@]}")
 echo "recovered: $after" | tr '\n' ' '; echo
 [ "$after" = "$before" ] || fail "the recovered primary answers differently"
 

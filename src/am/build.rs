@@ -1,8 +1,10 @@
 //! CREATE INDEX (ambuild) and the init fork of unlogged indexes (ambuildempty).
 //!
 //! The heap is scanned into one contiguous array of stored vectors (already
-//! normalised or augmented per metric), the engine builds the graph on all
-//! cores, and the pages are written in bulk and WAL-logged at the end.
+//! normalised or augmented per metric), the graph is built on the GPU or on
+//! all cores (`construct`), and the pages go straight to the file through a
+//! [`BulkWriter`] (`storage::bulk`): the vector pages while the graph is
+//! built, the graph pages once it exists.
 
 use std::time::Instant;
 

@@ -34,7 +34,7 @@ use super::residency::{Lookup, Residency};
 use super::ring::{State, MAX_HITS};
 use super::shmem::{shared, Shared};
 use super::stats::add;
-use super::{set_latch, sleep};
+use super::{nap, set_latch, sleep};
 use crate::gucs::{WorkerDevice, WorkerStart, GPU_MEMORY_LIMIT, WORKER, WORKER_DEVICE};
 
 /// Seconds the postmaster waits before starting a worker that exited.
@@ -110,10 +110,7 @@ pub extern "C-unwind" fn gpu_graph_worker_main(_arg: pg_sys::Datum) {
     if WORKER_DEVICE.get() != WorkerDevice::Cpu {
         // a GPU build runs: the GPU is its alone until it ends (gpu_builds)
         while shared.gpu_builders.any() && !shutdown_requested() {
-            sleep(Duration::from_millis(100));
-            // SAFETY: as in `sleep`.
-            unsafe { pg_sys::ResetLatch(pg_sys::MyLatch) };
-            pg_sys::check_for_interrupts!();
+            nap(Duration::from_millis(100));
         }
     }
     let device = match Device::open(WORKER_DEVICE.get()) {
@@ -122,10 +119,7 @@ pub extern "C-unwind" fn gpu_graph_worker_main(_arg: pg_sys::Datum) {
             log!("gpu_graph search worker: cannot start: {e}; scans search on the CPU; trying again in {RETRY_SECONDS} s");
             let until = Instant::now() + Duration::from_secs(RETRY_SECONDS);
             while !shutdown_requested() && Instant::now() < until {
-                sleep(until - Instant::now());
-                // SAFETY: as in `sleep`.
-                unsafe { pg_sys::ResetLatch(pg_sys::MyLatch) };
-                pg_sys::check_for_interrupts!();
+                nap(until - Instant::now());
             }
             // SAFETY: ends the process; nothing of ours needs unwinding
             // (the exit callback marks the worker absent).

@@ -29,7 +29,7 @@ use super::outcome::Outcome;
 use super::ring::{Slot, MAX_HITS, MAX_QUERY_DIM};
 use super::shmem::{shared, Shared};
 use super::stats::{add, counters, record};
-use super::{set_latch, sleep};
+use super::{nap, set_latch};
 use crate::gucs::{SearchDevice, GPU_TIMEOUT, INJECT_FAULT, SEARCH_DEVICE, WORKER_DELAY};
 use crate::storage::meta::Meta;
 use crate::storage::page_store::PageStore;
@@ -192,10 +192,7 @@ fn wait(shared: &Shared, claim: &Claim, starts: u64) -> Result<(), Outcome> {
             return Err(Outcome::Timeout);
         }
         // look again at least every 100 ms whatever wakes us
-        sleep(left.min(Duration::from_millis(100)));
-        // SAFETY: MyLatch is this backend's own latch, set up at its start.
-        unsafe { pg_sys::ResetLatch(pg_sys::MyLatch) };
-        pg_sys::check_for_interrupts!();
+        nap(left.min(Duration::from_millis(100)));
     }
 }
 

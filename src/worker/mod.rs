@@ -30,7 +30,7 @@ mod ring;
 mod shmem;
 mod stats;
 
-use crate::latch::sleep;
+use crate::latch::{nap, sleep};
 use pgrx::pg_sys;
 
 pub use client::first_round;

@@ -20,7 +20,9 @@ use crate::storage::codec::tid_to_payload;
 #[repr(C)]
 #[derive(Default)]
 pub struct SharedCounts {
-    /// rows stored by every participant
+    /// rows claimed by every participant, [`Loader::CLAIM`] at a time while
+    /// far from the budget (one at a time, 16 processes contend for this
+    /// line); at most that many a participant above the rows stored
     pub rows: AtomicU64,
     /// the dimension of the first row any participant saw (0: none yet)
     pub dim: AtomicU32,
@@ -42,6 +44,10 @@ pub struct Loader {
     estimated_rows: f64,
     /// in a parallel scan, the counts every participant shares
     shared: Option<&'static SharedCounts>,
+    /// rows of this participant's last claim: the shared count when it was
+    /// made, and how many are left of it
+    claim_base: u64,
+    claim_left: u64,
     /// in a parallel worker, where the rows go every [`Loader::SPILL_BYTES`]
     /// (and at the end), so that the worker never holds its whole share
     spill: Option<Spill>,
@@ -72,8 +78,31 @@ impl Loader {
             per_row: 8 + params.r * 16 + params.degree * 4,
             estimated_rows,
             shared: None,
+            claim_base: 0,
+            claim_left: 0,
             spill: None,
         }
+    }
+
+    /// Rows a participant of a parallel scan claims at a time.
+    const CLAIM: u64 = 1024;
+
+    /// The rows stored so far counting this one, for the budget: exact
+    /// alone; in a parallel scan, the rows claimed up to this one's, which
+    /// may run ahead of the rows stored by the others' unused claims (less
+    /// than CLAIM rows a participant, and claims near the budget are of one
+    /// row).
+    fn count_row(&mut self, per_row: usize) -> u64 {
+        let Some(s) = self.shared else { return self.payloads.len() as u64 + 1 };
+        if self.claim_left == 0 {
+            let room = (self.budget / per_row) as u64;
+            let claim = if s.rows.load(Ordering::Relaxed) + Self::CLAIM <= room { Self::CLAIM } else { 1 };
+            self.claim_base = s.rows.fetch_add(claim, Ordering::Relaxed);
+            self.claim_left = claim;
+        }
+        self.claim_base += 1;
+        self.claim_left -= 1;
+        self.claim_base
     }
 
     /// How much a worker's loader holds before it spills its rows.
@@ -125,11 +154,8 @@ impl Loader {
             self.skipped_zero += 1;
             return;
         }
-        let rows = match self.shared {
-            Some(s) => s.rows.fetch_add(1, Ordering::Relaxed) as usize + 1,
-            None => self.payloads.len() + 1,
-        };
         let per_row = self.stored_dim * 4 + self.per_row;
+        let rows = self.count_row(per_row) as usize;
         if rows * per_row > self.budget {
             let needed = (self.estimated_rows.max(rows as f64) * per_row as f64 / 1048576.0).ceil();
             ereport!(

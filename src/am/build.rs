@@ -18,7 +18,7 @@ use super::vector::check_storage;
 use super::{options, parallel_scan};
 use crate::storage::bulk::BulkWriter;
 use crate::storage::meta::{Meta, PHASES};
-use crate::storage::writer;
+use crate::storage::writer::{self, VectorPages};
 
 const PHASE_LOAD: i64 = 2;
 const PHASE_VECTORS: i64 = 3;
@@ -77,6 +77,8 @@ struct Pages {
     graph_bytes: u64,
     /// None when the relation needs no WAL
     logged_bytes: Option<u64>,
+    /// of the vector pages' time, what went while the workers scanned
+    streamed_ms: f32,
 }
 
 fn megabytes(bytes: u64) -> f64 {
@@ -114,6 +116,11 @@ fn notice_built(
         .zip(timings)
         .filter(|(p, t)| *t > 0.0 || !matches!(**p, "upload" | "download"))
         .map(|(p, t)| match *p {
+            "vector pages" if pages.streamed_ms > 0.0 => format!(
+                "{}, {:.2} s of it during the heap scan",
+                pages.describe(p, t, pages.vector_bytes),
+                pages.streamed_ms / 1000.0
+            ),
             "vector pages" => pages.describe(p, t, pages.vector_bytes),
             "graph pages" => pages.describe(p, t, pages.graph_bytes),
             "heap scan" if workers > 0 => {
@@ -142,6 +149,29 @@ fn notice_built(
     );
 }
 
+/// The vector pages' writer, started at the first rows (which give the
+/// dimension; an index of this storage must take it).
+fn vector_pages<'a>(
+    pages: &'a mut Option<VectorPages>,
+    out: &mut BulkWriter,
+    meta: &Meta,
+    dim: usize,
+) -> &'a mut VectorPages {
+    pages.get_or_insert_with(|| {
+        check_storage(meta.element(), dim);
+        let mut m = *meta;
+        m.dim = dim as u32;
+        VectorPages::new(out, m.layout())
+    })
+}
+
+/// The nodes written so far, in pg_stat_progress_create_index; a cancel
+/// raises its ERROR here.
+fn nodes_written(done: u32) {
+    report(pg_sys::PROGRESS_CREATEIDX_TUPLES_DONE, done as i64);
+    pg_sys::check_for_interrupts!();
+}
+
 #[pg_guard]
 pub unsafe extern "C-unwind" fn ambuild(
     heap: pg_sys::Relation,
@@ -150,43 +180,54 @@ pub unsafe extern "C-unwind" fn ambuild(
 ) -> *mut pg_sys::IndexBuildResult {
     // SAFETY: PostgreSQL calls ambuild with the heap and the new, empty index
     // open and locked, and `index_info` describing the index.
-    let (params, metric, knn) =
-        unsafe { (options::build_params(index), options::metric(index), options::knn_init(index)) };
+    let (params, metric, knn, storage) = unsafe {
+        (options::build_params(index), options::metric(index), options::knn_init(index), options::storage(index))
+    };
     let total = Instant::now();
+    let mut meta = Meta::new(metric, &params, storage);
+    // SAFETY: `index` is the new, empty index ambuild was given, open
+    // through the build; nothing reads it through shared buffers before
+    // the writer finishes.
+    let mut out = unsafe { BulkWriter::new(index) };
+    let mut vector_writer = None;
 
     report(pg_sys::PROGRESS_CREATEIDX_SUBPHASE, PHASE_LOAD);
     let t = Instant::now();
+    // with parallel workers, the vector pages of the rows they read are
+    // written while they scan, where a row's stored form is its own
+    let mut streamed_ms = 0.0;
+    let mut stream = |dim: usize, payloads: &[u64], stored: &[f32]| {
+        let t = Instant::now();
+        vector_pages(&mut vector_writer, &mut out, &meta, dim).push(&mut out, stored, payloads, &mut nodes_written);
+        streamed_ms += ms(t);
+    };
+    let stream: Option<parallel_scan::Stream> = metric.stored_alone().then_some(&mut stream);
     // SAFETY: ambuild's own arguments.
-    let (mut loader, heap_tuples, workers) = unsafe { parallel_scan::scan(heap, index, index_info, metric, &params) };
+    let scanned = unsafe { parallel_scan::scan(heap, index, index_info, metric, &params, stream) };
+    let mut loader = scanned.loader;
     let max_norm = loader.finish();
     let load_ms = ms(t);
 
     let n = loader.payloads.len();
-    // SAFETY: the index is ambuild's, open.
-    let storage = unsafe { options::storage(index) };
-    check_storage(storage, loader.dim);
-    let mut meta = Meta::new(metric, &params, storage);
     meta.dim = loader.dim as u32;
     meta.max_norm = max_norm;
     meta.node_count = n as u32;
     meta.built_rows = n as u64;
     let layout = meta.layout();
+    let vectors_out = vector_pages(&mut vector_writer, &mut out, &meta, loader.dim);
 
-    // the vector pages need no graph: they are written while a GPU builds it
-    // SAFETY: `index` is the new, empty index ambuild was given, open
-    // through the build; nothing reads it through shared buffers before
-    // the writer finishes.
-    let mut out = unsafe { BulkWriter::new(index) };
-    let mut vector_ms = 0.0;
+    // the rest of the vector pages need no graph: they are written while a
+    // GPU builds it
+    let mut vector_ms = streamed_ms;
     let built = construct(&loader.vectors, loader.stored_dim.max(1), n, &params, knn, &mut || {
         report(pg_sys::PROGRESS_CREATEIDX_SUBPHASE, PHASE_VECTORS);
         report(pg_sys::PROGRESS_CREATEIDX_TUPLES_TOTAL, n as i64);
         let t = Instant::now();
-        writer::write_vector_pages(&mut out, &meta, &loader.vectors, &loader.payloads, &mut |done| {
-            report(pg_sys::PROGRESS_CREATEIDX_TUPLES_DONE, done as i64);
-            pg_sys::check_for_interrupts!();
-        });
-        vector_ms = ms(t);
+        let (sd, from) = (loader.stored_dim, vectors_out.taken());
+        vectors_out.push(&mut out, &loader.vectors[from * sd..], &loader.payloads[from..], &mut nodes_written);
+        let written = vectors_out.finish(&mut out, &mut nodes_written);
+        assert_eq!(written, n, "gpu_graph: vector pages written for every row");
+        vector_ms += ms(t);
         report(pg_sys::PROGRESS_CREATEIDX_SUBPHASE, PHASE_BUILD);
         report(pg_sys::PROGRESS_CREATEIDX_TUPLES_DONE, 0);
     });
@@ -194,24 +235,26 @@ pub unsafe extern "C-unwind" fn ambuild(
 
     report(pg_sys::PROGRESS_CREATEIDX_SUBPHASE, PHASE_GRAPH);
     let t = Instant::now();
-    writer::write_graph_pages(&mut out, &layout, &built.graph, &mut |done| {
-        report(pg_sys::PROGRESS_CREATEIDX_TUPLES_DONE, done as i64);
-        pg_sys::check_for_interrupts!();
-    });
-    let pages =
-        Pages { vector_bytes, graph_bytes: out.bytes - vector_bytes, logged_bytes: out.wal().then_some(out.bytes) };
+    writer::write_graph_pages(&mut out, &layout, &built.graph, &mut nodes_written);
+    writer::write_meta(&mut out, &meta);
+    let pages = Pages {
+        vector_bytes,
+        graph_bytes: out.bytes - vector_bytes,
+        logged_bytes: out.wal().then_some(out.bytes),
+        streamed_ms,
+    };
     out.finish();
     let graph_ms = ms(t);
 
     let timings = [load_ms, built.upload_ms, built.construct_ms, built.download_ms, vector_ms, graph_ms];
     // SAFETY: the index is open, and a gpu_graph index from its meta page on.
-    unsafe { record_build(index, &built, timings, workers) };
-    notice_built(&loader, workers, &built, timings, &pages, total);
+    unsafe { record_build(index, &built, timings, scanned.workers) };
+    notice_built(&loader, scanned.workers, &built, timings, &pages, total);
 
     // SAFETY: ambuild runs in a memory context that outlives its result,
     // where alloc0 pallocs a zeroed IndexBuildResult.
     let mut result = unsafe { pgrx::PgBox::<pg_sys::IndexBuildResult>::alloc0() };
-    result.heap_tuples = heap_tuples;
+    result.heap_tuples = scanned.heap_tuples;
     result.index_tuples = n as f64;
     result.into_pg()
 }

@@ -9,13 +9,20 @@
 //! as the serial scan. A worker spills its rows to a dynamic shared memory
 //! area (DSA) in batches of about 16 MB and records each batch in a table in
 //! the build's DSM segment; the leader then copies every batch after its own
-//! rows, in parallel, into the one array the builder takes. The area grows
+//! rows, in parallel, into the one array the builder takes.
+//!
+//! Where a row's stored form depends on that row alone (every metric but
+//! inner product), the leader does not scan: it hands each batch, as soon
+//! as it and the batches before it are complete, to the caller's
+//! [`Stream`] (CREATE INDEX writes their vector pages while the workers
+//! scan), in the order the copy appends them in. The area grows
 //! with the rows (no up-front allocation of the whole budget, which costs a
 //! posix_fallocate of it), and is freed with the parallel context. The order
 //! of the rows is the order of the batches, not the heap's: the graph does
 //! not depend on it.
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::Duration;
 
 use gpu_graph_engine::metric::Metric;
 use gpu_graph_engine::params::BuildParams;
@@ -25,6 +32,7 @@ use rayon::prelude::*;
 
 use super::loader::{Loader, SharedCounts};
 use super::options;
+use crate::latch;
 
 const KEY_SHARED: u64 = 0x6767_0000_0000_0001;
 const KEY_SCAN: u64 = 0x6767_0000_0000_0002;
@@ -49,6 +57,10 @@ struct Shared {
     skipped_zero: AtomicU64,
     batches: AtomicU32,
     capacity: u32,
+    /// workers done with their share (their batches all recorded)
+    finished: AtomicU32,
+    /// the leader's latch (in its PGPROC), set at each batch recorded
+    leader: *mut pg_sys::Latch,
 }
 
 impl Shared {
@@ -88,8 +100,39 @@ impl Shared {
             let b = &self.batches()[slot];
             b.rows.store(payloads.len() as u64, Ordering::Relaxed);
             b.ptr.store(ptr, Ordering::Release);
+            pg_sys::SetLatch(self.leader);
         }
     }
+
+    /// A recorded batch's payloads and vectors (`sd` floats a row).
+    ///
+    /// # Safety
+    /// `area` must be this build's DSA area, attached, and the batch
+    /// recorded (its pointer set); on the thread that attached it
+    /// (dsa_get_address may map segments).
+    unsafe fn batch(&self, area: *mut pg_sys::dsa_area, b: &Batch, sd: usize) -> (&[u64], &[f32]) {
+        let rows = b.rows.load(Ordering::Relaxed) as usize;
+        // SAFETY: a recorded batch holds `rows` payloads then rows x sd
+        // vectors (Shared::put), in the attached area (the caller's
+        // contract), left alone until the area is detached.
+        unsafe {
+            let at = pg_sys::dsa_get_address(area, b.ptr.load(Ordering::Acquire)) as *const u8;
+            let v = at.add(rows * 8) as *const f32;
+            (std::slice::from_raw_parts(at as *const u64, rows), std::slice::from_raw_parts(v, rows * sd))
+        }
+    }
+}
+
+/// Takes a parallel scan's rows as they arrive, in node order: the
+/// dimension, then a batch's payloads and stored vectors.
+pub type Stream<'a> = &'a mut dyn FnMut(usize, &[u64], &[f32]);
+
+/// What [`scan`] read.
+pub struct Scanned {
+    pub loader: Loader,
+    pub heap_tuples: f64,
+    /// parallel workers launched
+    pub workers: usize,
 }
 
 fn estimate(e: &mut pg_sys::shm_toc_estimator, bytes: usize) {
@@ -104,8 +147,9 @@ fn locks(concurrent: bool) -> (pg_sys::LOCKMODE, pg_sys::LOCKMODE) {
     (heap as pg_sys::LOCKMODE, pg_sys::RowExclusiveLock as pg_sys::LOCKMODE)
 }
 
-/// Reads the heap into a loader, in parallel when PostgreSQL grants workers;
-/// also the heap tuples seen and the workers launched.
+/// Reads the heap into a loader, in parallel when PostgreSQL grants workers.
+/// `stream` (when the rows' stored form is final as read) takes the rows
+/// while the workers scan, if there are workers.
 ///
 /// # Safety
 /// ambuild's arguments.
@@ -115,7 +159,8 @@ pub unsafe fn scan(
     index_info: *mut pg_sys::IndexInfo,
     metric: Metric,
     params: &BuildParams,
-) -> (Loader, f64, usize) {
+    stream: Option<Stream>,
+) -> Scanned {
     // SAFETY: ambuild's relations are open and locked (the caller's contract).
     let (mut loader, workers) = unsafe {
         let workers = pg_sys::plan_create_index_workers((*heap).rd_id, (*index).rd_id);
@@ -123,11 +168,11 @@ pub unsafe fn scan(
     };
     if workers <= 0 {
         // SAFETY: the caller's contract; null: a scan of the whole heap.
-        let tuples = unsafe { loader.scan(heap, index, index_info, std::ptr::null_mut(), true) };
-        return (loader, tuples, 0);
+        let heap_tuples = unsafe { loader.scan(heap, index, index_info, std::ptr::null_mut(), true) };
+        return Scanned { loader, heap_tuples, workers: 0 };
     }
     // SAFETY: the caller's contract.
-    unsafe { in_parallel(heap, index, index_info, loader, workers) }
+    unsafe { in_parallel(heap, index, index_info, loader, workers, stream) }
 }
 
 /// # Safety
@@ -138,7 +183,8 @@ unsafe fn in_parallel(
     index_info: *mut pg_sys::IndexInfo,
     mut loader: Loader,
     workers: i32,
-) -> (Loader, f64, usize) {
+    stream: Option<Stream>,
+) -> Scanned {
     // SAFETY: the leader's side of nbtsort's _bt_begin_parallel and
     // _bt_end_parallel, on ambuild's open relations. Every pointer comes
     // from PostgreSQL's allocators for this context and lives until
@@ -164,8 +210,8 @@ unsafe fn in_parallel(
         if (*pcxt).seg.is_null() {
             // no DSM to be had: scan alone
             finish_parallel(pcxt, concurrent, snapshot);
-            let tuples = loader.scan(heap, index, index_info, std::ptr::null_mut(), true);
-            return (loader, tuples, 0);
+            let heap_tuples = loader.scan(heap, index, index_info, std::ptr::null_mut(), true);
+            return Scanned { loader, heap_tuples, workers: 0 };
         }
         let shared = pg_sys::shm_toc_allocate((*pcxt).toc, Shared::bytes(capacity)) as *mut Shared;
         std::ptr::write_bytes(shared as *mut u8, 0, Shared::bytes(capacity));
@@ -175,6 +221,7 @@ unsafe fn in_parallel(
         (*shared).concurrent = concurrent;
         (*shared).area = pg_sys::dsa_get_handle(area);
         (*shared).capacity = capacity as u32;
+        (*shared).leader = &raw mut (*pg_sys::MyProc).procLatch;
         pg_sys::shm_toc_insert((*pcxt).toc, KEY_SHARED, shared as *mut std::ffi::c_void);
         let pscan = pg_sys::shm_toc_allocate((*pcxt).toc, scan_bytes) as pg_sys::ParallelTableScanDesc;
         pg_sys::table_parallelscan_initialize(heap, pscan, snapshot);
@@ -182,18 +229,111 @@ unsafe fn in_parallel(
         pg_sys::LaunchParallelWorkers(pcxt);
         let launched = (*pcxt).nworkers_launched as usize;
 
-        // the leader takes its share too, and reports the blocks scanned
         let shared: &'static Shared = &*shared;
-        loader = loader.sharing(&shared.counts);
-        let mut tuples = loader.scan(heap, index, index_info, pg_sys::table_beginscan_parallel(heap, pscan), true);
+        let mut tuples = 0.0;
+        let mut streamed = None;
+        match stream {
+            Some(stream) if launched > 0 => {
+                streamed = Some(stream_batches(pcxt, shared, area, pscan, loader.metric, stream))
+            }
+            _ => {
+                // the leader takes its share too, and reports the blocks scanned
+                loader = loader.sharing(&shared.counts);
+                tuples = loader.scan(heap, index, index_info, pg_sys::table_beginscan_parallel(heap, pscan), true);
+            }
+        }
         pg_sys::WaitForParallelWorkersToFinish(pcxt);
         tuples += shared.heap_tuples.load(Ordering::Acquire) as f64;
         loader.skipped_zero += shared.skipped_zero.load(Ordering::Acquire);
-        gather(&mut loader, shared, area);
+        let batches = gather(&mut loader, shared, area);
+        if streamed.is_some_and(|s| s != batches) {
+            error!("gpu_graph: the parallel heap scan recorded {batches} batches, {streamed:?} of them streamed");
+        }
         loader = loader.alone();
         pg_sys::dsa_detach(area);
         finish_parallel(pcxt, concurrent, snapshot);
-        (loader, tuples, launched)
+        Scanned { loader, heap_tuples: tuples, workers: launched }
+    }
+}
+
+/// The leader's share when it streams: each worker batch, once it and
+/// every batch before it are recorded, goes to `stream` (the order
+/// `gather` appends them in, so the node numbers agree), until every
+/// worker has finished; the blocks handed out so far go to
+/// pg_stat_progress_create_index meanwhile. The batches streamed.
+///
+/// # Safety
+/// A context made by `in_parallel`, its workers launched; `area` and
+/// `pscan` are its DSA area (attached) and parallel scan.
+unsafe fn stream_batches(
+    pcxt: *mut pg_sys::ParallelContext,
+    shared: &Shared,
+    area: *mut pg_sys::dsa_area,
+    pscan: pg_sys::ParallelTableScanDesc,
+    metric: Metric,
+    stream: Stream,
+) -> usize {
+    // SAFETY: the caller's contract.
+    let launched = unsafe { (*pcxt).nworkers_launched as u32 };
+    let mut next = 0;
+    loop {
+        // read before the batches: a finished worker recorded all of its own
+        // SAFETY: the caller's contract.
+        let done = shared.finished.load(Ordering::Acquire) >= launched || unsafe { !any_worker_running(pcxt) };
+        let recorded = (shared.batches.load(Ordering::Acquire) as usize).min(shared.capacity as usize);
+        while next < recorded {
+            let b = &shared.batches()[next];
+            if b.ptr.load(Ordering::Acquire) == 0 {
+                break; // its slot taken, its rows still being copied
+            }
+            let dim = shared.counts.dim.load(Ordering::Acquire) as usize;
+            // SAFETY: recorded, in the attached area (the caller's contract).
+            let (payloads, vectors) = unsafe { shared.batch(area, b, metric.stored_dim(dim)) };
+            stream(dim, payloads, vectors);
+            next += 1;
+        }
+        if done {
+            return next;
+        }
+        // SAFETY: the context's parallel scan (the caller's contract).
+        unsafe { report_blocks(pscan) };
+        // a worker sets the latch at each batch; the timeout is a fallback
+        latch::nap(Duration::from_millis(100));
+    }
+}
+
+/// Whether any launched worker is still running (one that failed to start
+/// is not: WaitForParallelWorkersToFinish reports it).
+///
+/// # Safety
+/// A context whose workers were launched.
+unsafe fn any_worker_running(pcxt: *mut pg_sys::ParallelContext) -> bool {
+    // SAFETY: the caller's contract: `worker` holds nworkers_launched
+    // entries, their handles set by LaunchParallelWorkers.
+    unsafe {
+        (0..(*pcxt).nworkers_launched as usize).any(|i| {
+            let handle = (*(*pcxt).worker.add(i)).bgwhandle;
+            let mut pid = 0;
+            !handle.is_null()
+                && pg_sys::GetBackgroundWorkerPid(handle, &mut pid) != pg_sys::BgwHandleStatus::BGWH_STOPPED
+        })
+    }
+}
+
+/// The blocks handed out so far, in pg_stat_progress_create_index (the
+/// leader reports them when it scans a share itself).
+///
+/// # Safety
+/// `pscan` is a parallel scan of a heap (a block scan).
+unsafe fn report_blocks(pscan: pg_sys::ParallelTableScanDesc) {
+    // SAFETY: heap tables' parallel scans are block scans (the caller's
+    // contract); phs_nallocated is an atomic the workers add to, read whole.
+    unsafe {
+        let pb = pscan as pg_sys::ParallelBlockTableScanDesc;
+        let total = (*pb).phs_nblocks as u64;
+        let done = std::ptr::read_volatile(&raw const (*pb).phs_nallocated.value).min(total);
+        pg_sys::pgstat_progress_update_param(pg_sys::PROGRESS_SCAN_BLOCKS_TOTAL as i32, total as i64);
+        pg_sys::pgstat_progress_update_param(pg_sys::PROGRESS_SCAN_BLOCKS_DONE as i32, done as i64);
     }
 }
 
@@ -211,11 +351,12 @@ unsafe fn finish_parallel(pcxt: *mut pg_sys::ParallelContext, concurrent: bool, 
     }
 }
 
-/// Appends every worker's batches to the leader's rows, copying in parallel.
+/// Appends every worker's batches to the leader's rows, copying in
+/// parallel; the batches appended.
 ///
 /// # Safety
 /// `area` is the build's DSA area, attached, and the workers are done.
-unsafe fn gather(loader: &mut Loader, shared: &Shared, area: *mut pg_sys::dsa_area) {
+unsafe fn gather(loader: &mut Loader, shared: &Shared, area: *mut pg_sys::dsa_area) -> usize {
     let dim = shared.counts.dim.load(Ordering::Acquire) as usize;
     if loader.dim == 0 && dim > 0 {
         loader.dim = dim;
@@ -224,23 +365,14 @@ unsafe fn gather(loader: &mut Loader, shared: &Shared, area: *mut pg_sys::dsa_ar
     let sd = loader.stored_dim;
     let n = shared.batches.load(Ordering::Acquire) as usize;
     // addresses first, on this thread (dsa_get_address may map segments)
-    let batches: Vec<(&[u64], &[f32])> = shared.batches()[..n]
-        .iter()
-        .map(|b| {
-            let rows = b.rows.load(Ordering::Relaxed) as usize;
-            // SAFETY: a recorded batch holds `rows` payloads then rows x sd
-            // vectors (Shared::put), in the attached area (the caller's
-            // contract), left alone until the area is detached.
-            unsafe {
-                let at = pg_sys::dsa_get_address(area, b.ptr.load(Ordering::Acquire)) as *const u8;
-                let v = at.add(rows * 8) as *const f32;
-                (std::slice::from_raw_parts(at as *const u64, rows), std::slice::from_raw_parts(v, rows * sd))
-            }
-        })
-        .collect();
+    // SAFETY: the workers are done, so every batch is recorded, in the
+    // attached area (the caller's contract).
+    let batches: Vec<(&[u64], &[f32])> =
+        shared.batches()[..n].iter().map(|b| unsafe { shared.batch(area, b, sd) }).collect();
     let added = batches.iter().map(|b| b.0.len()).sum::<usize>();
     append_parallel(&mut loader.payloads, batches.iter().map(|b| b.0), added);
     append_parallel(&mut loader.vectors, batches.iter().map(|b| b.1), added * sd);
+    n
 }
 
 /// Appends `parts` (`len` values in all) to `out`, copying them on every
@@ -294,6 +426,8 @@ pub unsafe extern "C-unwind" fn gpu_graph_parallel_scan_main(
         loader.flush();
         shared.heap_tuples.fetch_add(tuples as u64, Ordering::AcqRel);
         shared.skipped_zero.fetch_add(loader.skipped_zero, Ordering::AcqRel);
+        shared.finished.fetch_add(1, Ordering::AcqRel);
+        pg_sys::SetLatch(shared.leader);
         drop(loader);
         pg_sys::dsa_detach(area);
         pg_sys::index_close(index, index_lock);

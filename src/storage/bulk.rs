@@ -87,6 +87,11 @@ impl BulkWriter {
         self.wal
     }
 
+    /// The block the next [`BulkWriter::append`] or [`BulkWriter::skip`] numbers.
+    pub fn next_block(&self) -> u32 {
+        self.blocks
+    }
+
     /// Formats the next block of the file through `format` (which gets a
     /// zeroed page to format whole) and queues it.
     pub fn append(&mut self, format: &mut dyn FnMut(&mut PageMut)) {

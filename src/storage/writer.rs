@@ -14,36 +14,95 @@ use super::bulk::BulkWriter;
 use super::layout::Layout;
 use super::meta::Meta;
 
-/// Writes the meta page and the vector pages of `meta.node_count` nodes, in
-/// block order, the graph pages' places skipped. `progress` gets the
-/// nodes written so far; it may raise an ERROR (a query cancel).
-pub fn write_vector_pages(
-    out: &mut BulkWriter,
-    meta: &Meta,
-    stored: &[f32],
-    payloads: &[u64],
-    progress: &mut dyn FnMut(u32),
-) {
-    let layout: Layout = meta.layout();
-    let n = payloads.len();
-    out.append(&mut |p| p.format_meta(meta));
-    let sd = layout.stored_dim;
-    for c in 0..n.div_ceil(layout.per_chunk) {
-        let first = c * layout.per_chunk;
-        let last = (first + layout.per_chunk).min(n);
+/// The vector pages of nodes handed over in node order, each chunk written
+/// as soon as all its rows are there: the same pages whether the rows come
+/// at once (after a serial scan) or batch by batch (a parallel scan's
+/// workers', while they scan). Block 0 is left for [`write_meta`], the
+/// graph pages' places for [`write_graph_pages`].
+pub struct VectorPages {
+    layout: Layout,
+    /// rows of the chunk not yet whole
+    stored: Vec<f32>,
+    payloads: Vec<u64>,
+    /// nodes whose pages are queued
+    pub written: usize,
+}
+
+impl VectorPages {
+    /// Starts the index: `out` must have numbered no block yet.
+    pub fn new(out: &mut BulkWriter, layout: Layout) -> VectorPages {
+        out.skip(); // the meta page, once the node count is known
+        VectorPages { layout, stored: Vec::new(), payloads: Vec::new(), written: 0 }
+    }
+
+    /// Takes the next rows; `progress` gets the nodes written so far and
+    /// may raise an ERROR (a query cancel).
+    pub fn push(&mut self, out: &mut BulkWriter, stored: &[f32], payloads: &[u64], progress: &mut dyn FnMut(u32)) {
+        let (sd, per_chunk) = (self.layout.stored_dim, self.layout.per_chunk);
+        let (mut stored, mut payloads) = (stored, payloads);
+        if !self.payloads.is_empty() {
+            let take = (per_chunk - self.payloads.len()).min(payloads.len());
+            self.stored.extend_from_slice(&stored[..take * sd]);
+            self.payloads.extend_from_slice(&payloads[..take]);
+            (stored, payloads) = (&stored[take * sd..], &payloads[take..]);
+            if self.payloads.len() < per_chunk {
+                return;
+            }
+            let (s, p) = (std::mem::take(&mut self.stored), std::mem::take(&mut self.payloads));
+            self.chunk(out, &s, &p, progress);
+            (self.stored, self.payloads) = (s, p);
+            self.stored.clear();
+            self.payloads.clear();
+        }
+        let whole = payloads.len() / per_chunk * per_chunk;
+        for first in (0..whole).step_by(per_chunk) {
+            let last = first + per_chunk;
+            self.chunk(out, &stored[first * sd..last * sd], &payloads[first..last], progress);
+        }
+        self.stored.extend_from_slice(&stored[whole * sd..]);
+        self.payloads.extend_from_slice(&payloads[whole..]);
+    }
+
+    /// The rows handed over so far.
+    pub fn taken(&self) -> usize {
+        self.written + self.payloads.len()
+    }
+
+    /// Writes the last, partial chunk; the nodes written in all.
+    pub fn finish(&mut self, out: &mut BulkWriter, progress: &mut dyn FnMut(u32)) -> usize {
+        if !self.payloads.is_empty() {
+            let (s, p) = (std::mem::take(&mut self.stored), std::mem::take(&mut self.payloads));
+            self.chunk(out, &s, &p, progress);
+        }
+        self.written
+    }
+
+    /// One chunk's vector pages (at most `per_chunk` rows), its graph page skipped.
+    fn chunk(&mut self, out: &mut BulkWriter, stored: &[f32], payloads: &[u64], progress: &mut dyn FnMut(u32)) {
+        let layout = &self.layout;
+        let (first, sd) = (self.written, layout.stored_dim);
+        debug_assert_eq!(layout.graph_block(first as u32), out.next_block(), "chunks are written in node order");
         out.skip(); // the graph page, written once the graph exists
-        for i in 1..layout.pages_per_chunk {
-            let lo = first + (i - 1) * layout.per_vector_page;
-            let hi = (lo + layout.per_vector_page).min(last);
+                    // every vector page of the chunk, the last chunk's empty ones too
+                    // (formatted free for the nodes inserts add)
+        for page in 1..layout.pages_per_chunk {
+            let lo = ((page - 1) * layout.per_vector_page).min(payloads.len());
+            let hi = (lo + layout.per_vector_page).min(payloads.len());
             out.append(&mut |p| {
-                p.format_chunk_page(i, &layout);
-                for node in lo..hi {
-                    p.put_tuple(&layout, node as u32, payloads[node], 0, &stored[node * sd..(node + 1) * sd]);
+                p.format_chunk_page(page, layout);
+                for i in lo..hi {
+                    p.put_tuple(layout, (first + i) as u32, payloads[i], 0, &stored[i * sd..(i + 1) * sd]);
                 }
             });
         }
-        progress(last as u32);
+        self.written += payloads.len();
+        progress(self.written as u32);
     }
+}
+
+/// Writes the meta page in the place [`VectorPages::new`] left.
+pub fn write_meta(out: &mut BulkWriter, meta: &Meta) {
+    out.rewrite(0, &mut |p| p.format_meta(meta));
 }
 
 /// Writes the graph pages in the places [`write_vector_pages`] skipped.

@@ -57,6 +57,12 @@ impl Metric {
         }
     }
 
+    /// Whether a row's stored form depends on that row alone (inner product's
+    /// augmentation waits for the largest norm of all rows).
+    pub fn stored_alone(self) -> bool {
+        self != Metric::InnerProduct
+    }
+
     /// Whether a row with this vector can be indexed (cosine: not zero).
     pub fn indexable(self, v: &[f32]) -> bool {
         match self {

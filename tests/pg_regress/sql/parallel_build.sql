@@ -26,6 +26,18 @@ RESET max_parallel_maintenance_workers;
 SELECT i, (gpu_graph_info(i)->'build'->>'scan_workers')::int > 0 AS parallel,
        gpu_graph_info(i)->'build'->'rows' AS rows, gpu_graph_info(i)->'nodes'->'live' AS live
   FROM unnest(ARRAY['par_parallel', 'par_serial']::regclass[]) i;
+-- inner product: the leader scans its share too (a row's stored form waits
+-- for the largest norm); L2 with f16 pages, whose leader writes the pages
+-- while the workers scan, as cosine above
+SET max_parallel_maintenance_workers = 2;
+CREATE INDEX par_ip ON par USING gpu_graph (v real_ip_ops);
+CREATE INDEX par_l2 ON par USING gpu_graph (v);
+RESET max_parallel_maintenance_workers;
+SELECT i, (gpu_graph_info(i)->'build'->>'scan_workers')::int > 0 AS parallel,
+       gpu_graph_info(i)->'nodes'->'live' AS live
+  FROM unnest(ARRAY['par_ip', 'par_l2']::regclass[]) i;
+DROP INDEX par_ip, par_l2;
+
 -- the same answers as the exact ones, for 20 queries at a generous ef_search
 CREATE TABLE par_q AS SELECT q, ARRAY[cos(q), sin(q * 2.1), cos(q * 0.3), sin(q)]::real[] AS v
   FROM generate_series(1, 20) q;

@@ -15,7 +15,10 @@
 //! inner product), the leader does not scan: it hands each batch, as soon
 //! as it and the batches before it are complete, to the caller's
 //! [`Stream`] (CREATE INDEX writes their vector pages while the workers
-//! scan), in the order the copy appends them in. The area grows
+//! scan), in the order the copy appends them in, until the workers are
+//! done; the rest is the caller's to write after (during the GPU build). A
+//! streaming leader asks for one more worker to scan in its place, within
+//! max_parallel_maintenance_workers. The area grows
 //! with the rows (no up-front allocation of the whole budget, which costs a
 //! posix_fallocate of it), and is freed with the parallel context. The order
 //! of the rows is the order of the batches, not the heap's: the graph does
@@ -162,10 +165,15 @@ pub unsafe fn scan(
     stream: Option<Stream>,
 ) -> Scanned {
     // SAFETY: ambuild's relations are open and locked (the caller's contract).
-    let (mut loader, workers) = unsafe {
+    let (mut loader, mut workers) = unsafe {
         let workers = pg_sys::plan_create_index_workers((*heap).rd_id, (*index).rd_id);
         (Loader::new(heap, metric, params), workers)
     };
+    if workers > 0 && stream.is_some() {
+        // PostgreSQL counted the leader as a participant of the scan
+        // SAFETY: a plain setting of this backend.
+        workers = (workers + 1).min(unsafe { pg_sys::max_parallel_maintenance_workers });
+    }
     if workers <= 0 {
         // SAFETY: the caller's contract; null: a scan of the whole heap.
         let heap_tuples = unsafe { loader.scan(heap, index, index_info, std::ptr::null_mut(), true) };
@@ -246,7 +254,7 @@ unsafe fn in_parallel(
         tuples += shared.heap_tuples.load(Ordering::Acquire) as f64;
         loader.skipped_zero += shared.skipped_zero.load(Ordering::Acquire);
         let batches = gather(&mut loader, shared, area);
-        if streamed.is_some_and(|s| s != batches) {
+        if streamed.is_some_and(|s| s > batches) {
             error!("gpu_graph: the parallel heap scan recorded {batches} batches, {streamed:?} of them streamed");
         }
         loader = loader.alone();
@@ -259,7 +267,8 @@ unsafe fn in_parallel(
 /// The leader's share when it streams: each worker batch, once it and
 /// every batch before it are recorded, goes to `stream` (the order
 /// `gather` appends them in, so the node numbers agree), until every
-/// worker has finished; the blocks handed out so far go to
+/// worker has finished (what is left then waits for no scan: the caller
+/// writes it while the graph is built); the blocks handed out so far go to
 /// pg_stat_progress_create_index meanwhile. The batches streamed.
 ///
 /// # Safety
@@ -277,9 +286,10 @@ unsafe fn stream_batches(
     let launched = unsafe { (*pcxt).nworkers_launched as u32 };
     let mut next = 0;
     loop {
-        // read before the batches: a finished worker recorded all of its own
         // SAFETY: the caller's contract.
-        let done = shared.finished.load(Ordering::Acquire) >= launched || unsafe { !any_worker_running(pcxt) };
+        if shared.finished.load(Ordering::Acquire) >= launched || unsafe { !any_worker_running(pcxt) } {
+            return next;
+        }
         let recorded = (shared.batches.load(Ordering::Acquire) as usize).min(shared.capacity as usize);
         while next < recorded {
             let b = &shared.batches()[next];
@@ -291,9 +301,6 @@ unsafe fn stream_batches(
             let (payloads, vectors) = unsafe { shared.batch(area, b, metric.stored_dim(dim)) };
             stream(dim, payloads, vectors);
             next += 1;
-        }
-        if done {
-            return next;
         }
         // SAFETY: the context's parallel scan (the caller's contract).
         unsafe { report_blocks(pscan) };

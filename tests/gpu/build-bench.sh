@@ -23,6 +23,10 @@
 #              allocates all of it as shared memory up front)
 #   PARALLEL_WORKERS  the table's parallel_workers (default: PostgreSQL's
 #              choice from the table's size)
+#   SETTLE     1 (default): after a load, VACUUM the table and CHECKPOINT, so
+#              that builds start from a table at rest (hint bits set, the
+#              load's dirty pages and WAL flushed) and pay for their own I/O
+#              only; 0: build right after the load
 #   KEEP=1     keep the last gpu_graph index
 #   BUILD_DEVICE  gpu_graph.build_device for the builds (default gpu)
 set -euo pipefail
@@ -38,11 +42,13 @@ qps=${QPS:-0}
 clients=${CLIENTS:-"16 64"}
 fail() { echo "build-bench: FAIL: $*" >&2; tail -20 /tmp/pg.log >&2; exit 1; }
 q() { psql -X -v ON_ERROR_STOP=1 -At "$@"; }
+settle() { [ "${SETTLE:-1}" = 0 ] || q -c "VACUUM $1" -c "CHECKPOINT"; }
 dim=$(python3 -c "import numpy as np,sys; print(np.fromfile(sys.argv[1], dtype=np.int32, count=1)[0])" "$dir/base.fvecs")
 
 if [ "${LOAD:-1}" = 1 ]; then
   "$stage/gpu-graph-bench" --base "$dir/base.fvecs" --query "$dir/query.fvecs" --gt "$dir/groundtruth.ivecs" \
     --metric l2 --table "$table" --load-only ${COLUMN:+--column-storage "$COLUMN"} 2>&1 | grep -E "rows|load"
+  settle "$table"
   q -c "DROP TABLE IF EXISTS ${table}_q"
 fi
 if [ -z "$(q -c "SELECT 1 FROM pg_class WHERE relname = '${table}_q'")" ]; then
@@ -132,6 +138,7 @@ if [ "${PGVECTOR:-0}" = 1 ]; then
   q -c "CREATE EXTENSION IF NOT EXISTS vector" >/dev/null
   q -c "DROP TABLE IF EXISTS ${table}_pv" \
     -c "CREATE TABLE ${table}_pv AS SELECT id, embedding::vector($dim) AS v FROM $table" >/dev/null
+  settle "${table}_pv"
   # pgvector allocates all of maintenance_work_mem as shared memory up front
   q -c "SET maintenance_work_mem = '${PV_MWM:-16GB}'" -c "SET max_parallel_maintenance_workers = 15" -c "\\timing on" \
     -c "CREATE INDEX ${table}_pv_hnsw ON ${table}_pv USING hnsw (v vector_l2_ops) WITH (m = 16, ef_construction = 64)" \

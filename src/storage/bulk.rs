@@ -5,12 +5,16 @@
 //! minimal and the relation created in this transaction: the commit syncs
 //! its file; an unlogged index's main fork).
 //!
-//! Durability with WAL, as PostgreSQL 17's bulk_write does it: each write
-//! asks the checkpointer to fsync the segment; if a checkpoint started while
-//! we wrote (its redo pointer moved), it may have finished its fsyncs before
-//! our last pages reached the file, while replay from its redo pointer would
-//! skip our earlier records, so the file is fsynced here before the build
-//! ends.
+//! Durability with WAL: each write asks the checkpointer to fsync its
+//! segment (as a write through shared buffers would), and each batch is
+//! logged and written with DELAY_CHKPT_START set, as PostgreSQL does where a
+//! WAL record and the change it describes must not straddle a checkpoint's
+//! start: a checkpoint whose redo pointer lies after a batch's record waits
+//! until that batch is written and its fsync asked for, so its sync phase
+//! covers the batch; a batch logged after the redo pointer is replayed. So no
+//! build fsyncs its whole file itself (nbtsort and PostgreSQL 17's
+//! bulk_write do, when a checkpoint began during the build: they skip the
+//! fsync requests; at 10M rows that was seconds of a build's end).
 //!
 //! Nothing may read these blocks through shared buffers before
 //! [`BulkWriter::finish`]: the buffer manager would not know of them.
@@ -46,7 +50,6 @@ unsafe fn relation_needs_wal(rel: pg_sys::Relation) -> bool {
 pub struct BulkWriter {
     rel: pg_sys::Relation,
     wal: bool,
-    redo_at_start: pg_sys::XLogRecPtr,
     /// blocks numbered so far (the next block [`BulkWriter::append`] gives)
     blocks: u32,
     /// blocks in the file so far
@@ -72,8 +75,6 @@ impl BulkWriter {
             rel,
             // SAFETY: `rel` is open (the caller's contract).
             wal: unsafe { relation_needs_wal(rel) },
-            // SAFETY: reads the shared redo pointer under its spinlock.
-            redo_at_start: unsafe { pg_sys::GetRedoRecPtr() },
             blocks: 0,
             extended: 0,
             images: (0..Self::BATCH).map(|_| Box::new(Image([0; BLCKSZ]))).collect(),
@@ -139,6 +140,8 @@ impl BulkWriter {
         }
         let mut pages: Vec<pg_sys::Page> =
             self.images[..self.filled].iter_mut().map(|i| i.0.as_mut_ptr() as pg_sys::Page).collect();
+        // a checkpoint starting meanwhile waits for the batch (module comment)
+        let _delay = self.wal.then(DelayCheckpointStart::set);
         // SAFETY: `rel` is open (new's contract) and no other process sees
         // it; every page is a formatted BLCKSZ image in our memory. Appended
         // blocks are queued in the order they were numbered, so each one
@@ -159,8 +162,8 @@ impl BulkWriter {
             for (&page, &block) in pages.iter().zip(&self.numbers) {
                 pg_sys::PageSetChecksumInplace(page, block);
                 let data = page as *mut std::ffi::c_char;
-                // with WAL, each write asks the checkpointer to fsync it
-                // (see the module's comment); without, the commit does
+                // with WAL, each write asks the checkpointer to fsync it;
+                // without, the commit syncs the file
                 if block >= self.extended {
                     pg_sys::smgrextend(smgr, pg_sys::ForkNumber::MAIN_FORKNUM, block, data, !self.wal);
                     self.extended = block + 1;
@@ -174,16 +177,30 @@ impl BulkWriter {
         self.numbers.clear();
     }
 
-    /// Writes what is queued and makes the file durable as the module's
-    /// comment says. Shared buffers may read the relation after this.
+    /// Writes what is queued. Shared buffers may read the relation after
+    /// this; its durability is the checkpointer's (with WAL) or the
+    /// commit's (without), as the module's comment says.
     pub fn finish(mut self) {
         self.flush();
-        // SAFETY: `rel` is open (new's contract); reading the redo pointer
-        // takes its spinlock.
-        unsafe {
-            if self.wal && pg_sys::GetRedoRecPtr() != self.redo_at_start {
-                pg_sys::smgrimmedsync(pg_sys::RelationGetSmgr(self.rel), pg_sys::ForkNumber::MAIN_FORKNUM);
-            }
-        }
+    }
+}
+
+/// DELAY_CHKPT_START on this backend while it lives, cleared on the way out
+/// however it leaves (an ERROR while writing unwinds through it).
+struct DelayCheckpointStart;
+
+impl DelayCheckpointStart {
+    fn set() -> DelayCheckpointStart {
+        // SAFETY: MyProc is this backend's own PGPROC; the checkpointer only
+        // reads the flags.
+        unsafe { (*pg_sys::MyProc).delayChkptFlags |= pg_sys::DELAY_CHKPT_START as i32 };
+        DelayCheckpointStart
+    }
+}
+
+impl Drop for DelayCheckpointStart {
+    fn drop(&mut self) {
+        // SAFETY: as in `set`.
+        unsafe { (*pg_sys::MyProc).delayChkptFlags &= !(pg_sys::DELAY_CHKPT_START as i32) };
     }
 }

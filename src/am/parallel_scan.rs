@@ -286,26 +286,27 @@ unsafe fn stream_batches(
     let launched = unsafe { (*pcxt).nworkers_launched as u32 };
     let mut next = 0;
     loop {
+        // looked at before each batch: once the workers are done, what is
+        // left goes on while the graph is built, not before
         // SAFETY: the caller's contract.
         if shared.finished.load(Ordering::Acquire) >= launched || unsafe { !any_worker_running(pcxt) } {
             return next;
         }
         let recorded = (shared.batches.load(Ordering::Acquire) as usize).min(shared.capacity as usize);
-        while next < recorded {
-            let b = &shared.batches()[next];
-            if b.ptr.load(Ordering::Acquire) == 0 {
-                break; // its slot taken, its rows still being copied
-            }
-            let dim = shared.counts.dim.load(Ordering::Acquire) as usize;
-            // SAFETY: recorded, in the attached area (the caller's contract).
-            let (payloads, vectors) = unsafe { shared.batch(area, b, metric.stored_dim(dim)) };
-            stream(dim, payloads, vectors);
-            next += 1;
+        // a taken slot's pointer is set once its rows are copied
+        let ready = next < recorded && shared.batches()[next].ptr.load(Ordering::Acquire) != 0;
+        if !ready {
+            // SAFETY: the context's parallel scan (the caller's contract).
+            unsafe { report_blocks(pscan) };
+            // a worker sets the latch at each batch; the timeout is a fallback
+            latch::nap(Duration::from_millis(100));
+            continue;
         }
-        // SAFETY: the context's parallel scan (the caller's contract).
-        unsafe { report_blocks(pscan) };
-        // a worker sets the latch at each batch; the timeout is a fallback
-        latch::nap(Duration::from_millis(100));
+        let dim = shared.counts.dim.load(Ordering::Acquire) as usize;
+        // SAFETY: recorded, in the attached area (the caller's contract).
+        let (payloads, vectors) = unsafe { shared.batch(area, &shared.batches()[next], metric.stored_dim(dim)) };
+        stream(dim, payloads, vectors);
+        next += 1;
     }
 }
 

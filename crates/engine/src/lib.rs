@@ -16,15 +16,18 @@ pub mod idset;
 pub mod insert;
 pub mod medoid;
 pub mod memory;
+pub mod merge;
 pub mod metric;
 pub mod node;
 pub mod params;
+pub mod partition;
 pub mod prune;
 pub mod random;
 pub mod recall;
 pub mod repair;
 pub mod rnn_descent;
 pub mod search;
+pub mod sharded;
 pub mod store;
 
 /// Padding for unused slots of a fixed-size neighbour list.

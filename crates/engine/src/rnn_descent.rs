@@ -222,19 +222,54 @@ impl Builder<'_> {
 /// on all rayon threads. Lists are sorted by distance, cut to `params.degree`
 /// and padded with NO_NODE; `entry` is the medoid.
 pub fn build(vectors: &[f32], stored_dim: usize, params: &BuildParams, progress: &mut dyn Progress) -> Option<Graph> {
-    let degree = params.degree;
     let n = vectors.len().checked_div(stored_dim).unwrap_or(0);
     assert!(n < NO_NODE as usize, "node ids are u32");
     let b = Builder { vectors, dim: stored_dim, range: merge_range(n) };
     let mut pools: Vec<Vec<Entry>> = (0..n).map(|_| Vec::new()).collect();
     b.init(&mut pools, params.s.max(1), params.seed);
+    rounds(&b, pools, params, params.t1, params.t2, progress)
+}
 
+/// RNN-Descent's rounds from given neighbour lists instead of a random
+/// start: a sharded build's merged lists (node `v`'s (id, distance)
+/// candidates in `lists[v]`), refined by `t1` × `t2` rounds with the same
+/// update rule, reverse offers and final cut as [`build`], so that
+/// neighbours found in different shards meet.
+pub fn refine(
+    vectors: &[f32],
+    stored_dim: usize,
+    params: &BuildParams,
+    lists: Vec<Vec<(u32, f32)>>,
+    t1: usize,
+    t2: usize,
+    progress: &mut dyn Progress,
+) -> Option<Graph> {
+    let n = vectors.len().checked_div(stored_dim).unwrap_or(0);
+    assert_eq!(lists.len(), n, "one list a node");
+    let b = Builder { vectors, dim: stored_dim, range: merge_range(n) };
+    let pools =
+        lists.into_iter().map(|l| l.into_iter().map(|(id, dist)| Entry { dist, id, new: true }).collect()).collect();
+    rounds(&b, pools, params, t1, t2, progress)
+}
+
+/// `t1` outer rounds of `t2` updates each, reverse offers between outer
+/// rounds, then the final cut.
+fn rounds(
+    b: &Builder,
+    mut pools: Vec<Vec<Entry>>,
+    params: &BuildParams,
+    t1: usize,
+    t2: usize,
+    progress: &mut dyn Progress,
+) -> Option<Graph> {
+    let degree = params.degree;
+    let n = pools.len();
     // a pool never needs to hold fewer than the final degree
     let r = params.r.max(degree);
-    let total = params.t1 * params.t2;
+    let total = t1 * t2;
     let mut done = 0;
-    for outer in 0..params.t1 {
-        for _ in 0..params.t2 {
+    for outer in 0..t1 {
+        for _ in 0..t2 {
             let out = b.round(&mut pools, |_, pool, ob, kept| b.update(pool, r, ob, kept));
             merge(&mut pools, out, b.range);
             done += 1;
@@ -242,7 +277,7 @@ pub fn build(vectors: &[f32], stored_dim: usize, params: &BuildParams, progress:
                 return None;
             }
         }
-        if outer + 1 < params.t1 {
+        if outer + 1 < t1 {
             // each vertex offers itself to the nearest ceil(rho·len) entries
             // of its pool (as the pools stood before any offer landed)
             let rho = params.rho as f64;
@@ -270,7 +305,7 @@ pub fn build(vectors: &[f32], stored_dim: usize, params: &BuildParams, progress:
                 final_cut(v as u32, pool.iter().map(|e| (e.dist, e.id)), scratch, out)
             });
     }
-    Some(Graph { degree, adjacency, entry: medoid(vectors, stored_dim) })
+    Some(Graph { degree, adjacency, entry: medoid(b.vectors, b.dim) })
 }
 
 #[cfg(test)]

@@ -51,6 +51,9 @@ pub enum SearchDevice {
 pub static SEARCH_DEVICE: GucSetting<SearchDevice> = GucSetting::<SearchDevice>::new(SearchDevice::Auto);
 /// Milliseconds a scan waits for the worker's answer before searching on the CPU.
 pub static GPU_TIMEOUT: GucSetting<i32> = GucSetting::<i32>::new(100);
+/// Megabytes of device memory a GPU build may use before it builds in
+/// shards; 0 = the device's free memory less a margin.
+pub static BUILD_GPU_MEMORY: GucSetting<i32> = GucSetting::<i32>::new(0);
 /// Megabytes of index copies the worker keeps; 0 = automatic.
 pub static GPU_MEMORY_LIMIT: GucSetting<i32> = GucSetting::<i32>::new(0);
 /// Test switch: the next worker request makes the worker fail.
@@ -130,6 +133,16 @@ pub fn register() {
         3_600_000,
         GucContext::Userset,
         GucFlags::UNIT_MS,
+    );
+    GucRegistry::define_int_guc(
+        c"gpu_graph.build_gpu_memory",
+        c"Device memory a GPU build of the graph may use; a larger build is made in shards that fit.",
+        c"0 = automatic: the GPU's free memory when the build starts, less 5% and 256 MB.",
+        &BUILD_GPU_MEMORY,
+        0,
+        i32::MAX,
+        GucContext::Userset,
+        GucFlags::UNIT_MB,
     );
     GucRegistry::define_int_guc(
         c"gpu_graph.gpu_memory_limit",

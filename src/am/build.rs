@@ -56,6 +56,13 @@ unsafe fn record_build(index: pg_sys::Relation, built: &Constructed, timings: [f
         m.entry = built.graph.entry.unwrap_or(gpu_graph_engine::NO_NODE);
         m.build_ms = timings;
         m.scan_workers = workers as u32;
+        if let Some(st) = &built.shards {
+            m.shards = st.shards as u32;
+            m.largest_shard = st.largest as u32;
+            m.shard_overlap = st.overlap as f32;
+            m.partition_ms = st.partition_ms as f32;
+            m.merge_ms = st.merge_ms as f32;
+        }
         match &built.device {
             Device::Cpu { threads } => {
                 m.build_device = 1;
@@ -107,10 +114,20 @@ fn notice_built(
     pages: &Pages,
     total: Instant,
 ) {
-    let device = match &built.device {
+    let mut device = match &built.device {
         Device::Cpu { threads } => format!("the CPU with {threads} threads"),
         Device::Gpu { name } => format!("the GPU ({name})"),
     };
+    if let Some(st) = &built.shards {
+        device += &format!(
+            " in {} shards (at most {} rows, overlap {:.2}; partition {:.2} s, merge {:.2} s)",
+            st.shards,
+            st.largest,
+            st.overlap,
+            st.partition_ms / 1000.0,
+            st.merge_ms / 1000.0
+        );
+    }
     let phases: Vec<String> = PHASES
         .iter()
         .zip(timings)

@@ -9,11 +9,12 @@ use std::time::{Duration, Instant};
 use gpu_graph_engine::graph::Graph;
 use gpu_graph_engine::params::BuildParams;
 use gpu_graph_engine::rnn_descent;
-use gpu_graph_gpu::{Control, Gpu, GpuError, KnnInit};
+use gpu_graph_engine::sharded::{self, ShardStats};
+use gpu_graph_gpu::{device_bytes, Control, Gpu, GpuError, KnnInit};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 
-use crate::gucs::{BuildDevice, BUILD_DEVICE};
+use crate::gucs::{BuildDevice, BUILD_DEVICE, BUILD_GPU_MEMORY};
 use crate::latch;
 use crate::worker::GpuBuild;
 
@@ -28,6 +29,8 @@ pub struct Constructed {
     pub upload_ms: f32,
     pub construct_ms: f32,
     pub download_ms: f32,
+    /// a build in shards
+    pub shards: Option<ShardStats>,
 }
 
 /// Tells the GPU thread to stop at its next round. Set on the way out of the
@@ -56,6 +59,10 @@ struct Watch {
     stop: AtomicBool,
     done: AtomicUsize,
     total: AtomicUsize,
+    /// a sharded build: the shards built so far, and how many in all (0:
+    /// built whole); the rounds reported count over every shard
+    shard: AtomicUsize,
+    shards: AtomicUsize,
 }
 
 impl Control for Watch {
@@ -63,8 +70,9 @@ impl Control for Watch {
         self.stop.load(Ordering::Relaxed)
     }
     fn round(&self, done: usize, total: usize) {
-        self.total.store(total, Ordering::Relaxed);
-        self.done.store(done, Ordering::Relaxed);
+        let (shard, shards) = (self.shard.load(Ordering::Relaxed), self.shards.load(Ordering::Relaxed).max(1));
+        self.total.store(total * shards, Ordering::Relaxed);
+        self.done.store(shard * total + done, Ordering::Relaxed);
     }
 }
 
@@ -78,21 +86,89 @@ fn report_rounds(done: usize, total: usize) {
     }
 }
 
+/// The fewest rows a shard may hold: a budget that fits fewer cannot build.
+const MIN_SHARD_ROWS: usize = 1000;
+
+/// The most rows one GPU build fits in `budget` bytes (device_bytes grows
+/// with the rows).
+fn rows_within(budget: usize, stored_dim: usize, params: &BuildParams, knn: KnnInit) -> usize {
+    let fits = |n: usize| device_bytes(n, stored_dim, params, knn.exact(n)) <= budget;
+    let (mut lo, mut hi) = (0usize, 1usize);
+    while fits(hi) && hi < u32::MAX as usize {
+        (lo, hi) = (hi, hi * 2);
+    }
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if fits(mid) {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    lo
+}
+
+/// Builds the graph on the GPU: whole when the build fits in `budget_mb`
+/// (0: the device's usable free memory), else in shards that do (Tagore's
+/// partition, each shard by the same GRNND kernels, merged on the host).
 fn on_gpu(
     vectors: &[f32],
     stored_dim: usize,
     params: &BuildParams,
     knn: KnnInit,
+    budget_mb: usize,
     watch: &Watch,
 ) -> Result<Constructed, GpuError> {
     let gpu = Gpu::open()?;
-    let (graph, t) = gpu_graph_gpu::build(&gpu, vectors, stored_dim, params, knn, watch)?;
+    let device = || Device::Gpu { name: gpu.info().name.clone() };
+    let n = vectors.len() / stored_dim;
+    let usable = gpu.usable_memory()?;
+    let budget = if budget_mb > 0 { (budget_mb << 20).min(usable) } else { usable };
+    if device_bytes(n, stored_dim, params, knn.exact(n)) <= budget {
+        let (graph, t) = gpu_graph_gpu::build(&gpu, vectors, stored_dim, params, knn, watch)?;
+        return Ok(Constructed {
+            graph,
+            device: device(),
+            upload_ms: t.upload_ms as f32,
+            construct_ms: (t.knn_ms + t.refine_ms + t.final_cut_ms) as f32,
+            download_ms: t.download_ms as f32,
+            shards: None,
+        });
+    }
+    let max_rows = rows_within(budget, stored_dim, params, knn);
+    if max_rows < MIN_SHARD_ROWS {
+        let needed = device_bytes(MIN_SHARD_ROWS, stored_dim, params, knn.exact(MIN_SHARD_ROWS));
+        let what = format!("a shard of {MIN_SHARD_ROWS} rows within gpu_graph.build_gpu_memory ({} MiB)", budget >> 20);
+        return Err(GpuError::OutOfMemory { needed, free: usable, what });
+    }
+    let t = Instant::now();
+    let mut failed = None;
+    let built = sharded::build_sharded(
+        vectors,
+        stored_dim,
+        params,
+        max_rows,
+        &mut |rows: &[f32]| match gpu_graph_gpu::build(&gpu, rows, stored_dim, params, knn, watch) {
+            Ok((g, _)) => Some(g),
+            Err(e) => {
+                failed = Some(e);
+                None
+            }
+        },
+        &mut |done: usize, total: usize| {
+            watch.shards.store(total, Ordering::Relaxed);
+            watch.shard.store(done, Ordering::Relaxed);
+            !watch.stop()
+        },
+    );
+    let (graph, stats) = built.ok_or_else(|| failed.unwrap_or(GpuError::Cancelled))?;
     Ok(Constructed {
         graph,
-        device: Device::Gpu { name: gpu.info().name.clone() },
-        upload_ms: t.upload_ms as f32,
-        construct_ms: (t.knn_ms + t.refine_ms + t.final_cut_ms) as f32,
-        download_ms: t.download_ms as f32,
+        device: device(),
+        upload_ms: 0.0,
+        construct_ms: t.elapsed().as_secs_f32() * 1000.0,
+        download_ms: 0.0,
+        shards: Some(stats),
     })
 }
 
@@ -111,6 +187,7 @@ fn on_cpu(vectors: &[f32], stored_dim: usize, params: &BuildParams) -> Construct
         upload_ms: 0.0,
         construct_ms: t.elapsed().as_secs_f32() * 1000.0,
         download_ms: 0.0,
+        shards: None,
     }
 }
 
@@ -129,10 +206,11 @@ pub fn construct(
     let want = BUILD_DEVICE.get();
     if want != BuildDevice::Cpu && rows > 0 {
         let watch = Watch::default();
+        let budget_mb = BUILD_GPU_MEMORY.get().max(0) as usize;
         // the search worker leaves the GPU to the build while it runs
         let aside = GpuBuild::begin();
         let result = std::thread::scope(|s| {
-            let gpu = s.spawn(|| on_gpu(vectors, stored_dim, params, knn, &watch));
+            let gpu = s.spawn(|| on_gpu(vectors, stored_dim, params, knn, budget_mb, &watch));
             // an ERROR below unwinds through here: the guard stops the GPU
             // thread, and the scope waits for it (and its device memory to
             // be freed) before the ERROR goes on

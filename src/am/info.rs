@@ -55,6 +55,19 @@ struct Build {
     rows: u64,
     /// "<phase> ms": milliseconds of each build phase
     phases: BTreeMap<String, f64>,
+    /// a build in shards (absent: built whole)
+    #[serde(skip_serializing_if = "Option::is_none")]
+    shards: Option<Shards>,
+}
+
+#[derive(Serialize)]
+struct Shards {
+    count: u32,
+    largest_rows: u32,
+    /// shard rows over rows (each row goes to its two nearest clusters)
+    overlap: f64,
+    partition_ms: f64,
+    merge_ms: f64,
 }
 
 #[derive(Serialize, Default)]
@@ -107,6 +120,13 @@ fn build(meta: &Meta) -> Build {
         scan_workers: meta.scan_workers,
         rows: meta.built_rows,
         phases: PHASES.iter().zip(meta.build_ms).map(|(k, v)| (format!("{k} ms"), f64::from(v))).collect(),
+        shards: (meta.shards > 0).then(|| Shards {
+            count: meta.shards,
+            largest_rows: meta.largest_shard,
+            overlap: f64::from(meta.shard_overlap),
+            partition_ms: f64::from(meta.partition_ms),
+            merge_ms: f64::from(meta.merge_ms),
+        }),
     }
 }
 

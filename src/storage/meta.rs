@@ -58,6 +58,13 @@ pub struct Meta {
     pub device_name: [u8; 64],
     pub free_count: u32,
     pub free: [u32; FREE_CAP],
+    /// a sharded build's shards (0: built whole), its largest shard's rows,
+    /// shard rows over rows, and the milliseconds of its partition and merge
+    pub shards: u32,
+    pub largest_shard: u32,
+    pub shard_overlap: f32,
+    pub partition_ms: f32,
+    pub merge_ms: f32,
 }
 
 impl Meta {
@@ -87,6 +94,11 @@ impl Meta {
             device_name: [0; 64],
             free_count: 0,
             free: [NO_NODE; FREE_CAP],
+            shards: 0,
+            largest_shard: 0,
+            shard_overlap: 0.0,
+            partition_ms: 0.0,
+            merge_ms: 0.0,
         }
     }
     pub fn metric(&self) -> Metric {

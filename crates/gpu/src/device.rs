@@ -114,12 +114,17 @@ impl Gpu {
         self.ctx.mem_get_info().map_err(|e| cuda("cuMemGetInfo", e))
     }
 
+    /// Free device memory less a margin: what one build may take.
+    pub fn usable_memory(&self) -> Result<usize, GpuError> {
+        let (free, _) = self.mem_info()?;
+        // keep 5% and 256 MiB for the context, the modules and fragmentation
+        Ok(free.saturating_sub(free / 20).saturating_sub(256 << 20))
+    }
+
     /// Fails with OutOfMemory unless `bytes` fit in free memory with a margin.
     pub(crate) fn reserve(&self, bytes: usize, what: &str) -> Result<(), GpuError> {
         let (free, _) = self.mem_info()?;
-        // keep 5% and 256 MiB for the context, the modules and fragmentation
-        let usable = free.saturating_sub(free / 20).saturating_sub(256 << 20);
-        if bytes > usable {
+        if bytes > self.usable_memory()? {
             return Err(GpuError::OutOfMemory { needed: bytes, free, what: what.into() });
         }
         Ok(())

@@ -200,11 +200,7 @@ fn build_inner(
     if r > 1024 {
         return Err(GpuError::Unsupported(format!("pool capacity r = {r} (at most 1024 on the GPU)")));
     }
-    let exact = match knn_init {
-        KnnInit::Exact => true,
-        KnnInit::Random => false,
-        KnnInit::Auto => n <= EXACT_KNN_AUTO_MAX_ROWS,
-    };
+    let exact = knn_init.exact(n);
     // On a second thread, while the GPU works: the medoid, and the output
     // buffer with every page touched (a fresh 128 MB buffer costs ~80 ms of
     // page faults inside the download otherwise).
@@ -260,6 +256,32 @@ impl Kernels {
     }
 }
 
+impl KnnInit {
+    /// Whether a build of `n` rows starts from the exact k-NN graph.
+    pub fn exact(self, n: usize) -> bool {
+        match self {
+            KnnInit::Exact => true,
+            KnnInit::Random => false,
+            KnnInit::Auto => n <= EXACT_KNN_AUTO_MAX_ROWS,
+        }
+    }
+}
+
+/// Device memory a build of `n` rows of `dim` floats takes at its peak: the
+/// vectors (and half again for the copy made while they are laid out), the
+/// two candidate pools and their counters, the final lists, and the exact
+/// k-NN start's buffers when it has one. CREATE INDEX weighs it against
+/// gpu_graph.build_gpu_memory to decide whether to build in shards.
+pub fn device_bytes(n: usize, dim: usize, params: &BuildParams, exact: bool) -> usize {
+    let (degree, r) = (params.degree, params.r.max(params.degree));
+    let vectors = n * dim.div_ceil(4) * 4 * 4;
+    let mut need = vectors * 3 / 2 + 2 * n * r * 8 + 2 * n * 4 + n * degree * 4 + 64;
+    if exact && n > 1 {
+        need += knn::device_bytes(n, knn::dk_for(dim), Run::k_init(params, n, r));
+    }
+    need
+}
+
 /// One build on the device: the double-buffered pools, their counters, and
 /// what the rounds read.
 struct Run<'a> {
@@ -296,13 +318,9 @@ impl<'a> Run<'a> {
         control: &'a dyn Control,
     ) -> Result<Run<'a>, GpuError> {
         let n = host.len() / dim;
-        let (degree, r) = (params.degree, params.r.max(params.degree));
-        let plan = DeviceVectors::plan(n, dim)?;
-        let mut need = plan.bytes() * 3 / 2 + 2 * n * r * 8 + 2 * n * 4 + n * degree * 4 + 64;
-        if exact {
-            need += knn::device_bytes(n, knn::dk_for(dim), Self::k_init(params, n, r));
-        }
-        gpu.reserve(need, "the GPU graph build")?;
+        let r = params.r.max(params.degree);
+        DeviceVectors::plan(n, dim)?;
+        gpu.reserve(device_bytes(n, dim, params, exact), "the GPU graph build")?;
         let cfg = warp_grid(n, r);
         let k = Kernels::load(gpu, &cfg)?;
         let st = &gpu.stream;

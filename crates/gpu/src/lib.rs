@@ -28,5 +28,7 @@ mod vectors;
 
 pub use device::{DeviceInfo, Gpu};
 pub use error::GpuError;
-pub use grnnd::{build, build_with, Control, GpuOptions, KnnInit, PhaseTimes, ScanOrder, EXACT_KNN_AUTO_MAX_ROWS};
+pub use grnnd::{
+    build, build_with, device_bytes, Control, GpuOptions, KnnInit, PhaseTimes, ScanOrder, EXACT_KNN_AUTO_MAX_ROWS,
+};
 pub use knn::{knn_graph, KnnGraph};

@@ -29,6 +29,10 @@
 #              only; 0: build right after the load
 #   KEEP=1     keep the last gpu_graph index
 #   BUILD_DEVICE  gpu_graph.build_device for the builds (default gpu)
+#   GPU_MEMORY gpu_graph.build_gpu_memory for the builds, in MB (default 0:
+#              automatic); below the build's need it builds in shards
+# Each build's session also reports its peak resident memory (VmHWM of the
+# backend), and the run the GPU's peak memory in use (nvidia-smi every 100 ms).
 set -euo pipefail
 dir=${1:?usage: build-bench.sh DIR}
 stage=$(pwd)/.device
@@ -115,15 +119,22 @@ for storage in $storages; do
       [ "$storage" = default ] || with="WITH (storage = '$storage')"
       echo "CREATE INDEX ${table}_gg ON $table USING gpu_graph (embedding) $with;"
       echo "\\timing off"
+      echo "SELECT 'backend peak memory ' || substring(pg_read_file('/proc/self/status') from 'VmHWM:\\s*(\\d+ kB)') AS peak;"
     done
   } >/tmp/bench_builds.sql
+  nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 100 >/tmp/bench_gpu_mem.log 2>/dev/null &
+  smi=$!
   q -c "SET client_min_messages = notice" -c "SET maintenance_work_mem = '64GB'" \
     -c "SET max_parallel_maintenance_workers = 15" -c "SET gpu_graph.build_device = ${BUILD_DEVICE:-gpu}" \
+    -c "SET gpu_graph.build_gpu_memory = ${GPU_MEMORY:-0}" \
     -f /tmp/bench_builds.sql >"$out/builds_${table}_$storage.log" 2>&1 || {
+    kill $smi 2>/dev/null
     cat "$out/builds_${table}_$storage.log"
     fail "a gpu_graph build failed"
   }
-  grep -E "NOTICE|Time" "$out/builds_${table}_$storage.log" | sed 's/^/  /'
+  kill $smi 2>/dev/null || true
+  grep -E "NOTICE|Time|peak" "$out/builds_${table}_$storage.log" | sed 's/^/  /'
+  echo "  GPU peak memory in use: $(sort -n /tmp/bench_gpu_mem.log | tail -1) MiB (the whole device)"
   echo "  index $(q -c "SELECT pg_size_pretty(pg_relation_size('${table}_gg'))")"
   recall "$table" gpu_graph.ef_search embedding real[]
   for ef in $efs; do

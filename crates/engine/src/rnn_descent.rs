@@ -231,15 +231,16 @@ pub fn build(vectors: &[f32], stored_dim: usize, params: &BuildParams, progress:
 }
 
 /// RNN-Descent's rounds from given neighbour lists instead of a random
-/// start: a sharded build's merged lists (node `v`'s (id, distance)
-/// candidates in `lists[v]`), refined by `t1` × `t2` rounds with the same
-/// update rule, reverse offers and final cut as [`build`], so that
-/// neighbours found in different shards meet.
+/// start: a sharded build's merged lists (node `v`'s (id, distance, new)
+/// candidates in `lists[v]`; `new` as in the update: only pairs with a new
+/// entry are tested), refined by `t1` × `t2` rounds with the same update
+/// rule, reverse offers and final cut as [`build`], so that neighbours
+/// found in different shards meet.
 pub fn refine(
     vectors: &[f32],
     stored_dim: usize,
     params: &BuildParams,
-    lists: Vec<Vec<(u32, f32)>>,
+    lists: Vec<Vec<(u32, f32, bool)>>,
     t1: usize,
     t2: usize,
     progress: &mut dyn Progress,
@@ -248,7 +249,7 @@ pub fn refine(
     assert_eq!(lists.len(), n, "one list a node");
     let b = Builder { vectors, dim: stored_dim, range: merge_range(n) };
     let pools =
-        lists.into_iter().map(|l| l.into_iter().map(|(id, dist)| Entry { dist, id, new: true }).collect()).collect();
+        lists.into_iter().map(|l| l.into_iter().map(|(id, dist, new)| Entry { dist, id, new }).collect()).collect();
     rounds(&b, pools, params, t1, t2, progress)
 }
 

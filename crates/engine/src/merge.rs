@@ -7,6 +7,7 @@ use std::collections::VecDeque;
 
 use rayon::prelude::*;
 
+use crate::distance::prefetch;
 use crate::graph::Graph;
 use crate::metric::graph_distance;
 use crate::params::BuildParams;
@@ -23,6 +24,8 @@ pub const REFINE: (usize, usize) = (1, 1);
 /// Rounds of linking unreached nodes before giving up (a scan sweeps any
 /// node its walk never reached, so one left over costs speed, not rows).
 const REPAIR_ROUNDS: usize = 16;
+/// Rows asked for ahead of their distance (as RNN-Descent's update does).
+const PREFETCH_AHEAD: usize = 8;
 
 /// The merged graph over `n` = vectors / dim nodes, and the nodes the
 /// connectivity repair linked; None when `progress` cancels. `shards[s]`
@@ -61,7 +64,20 @@ pub fn merge(
             // an id in both lists stays old
             cands.sort_unstable();
             cands.dedup_by_key(|c| c.0);
-            cands.into_iter().filter(|c| c.0 != x).map(|(c, new)| (c, graph_distance(row(x), row(c)), new)).collect()
+            cands.retain(|c| c.0 != x);
+            // the rows lie anywhere in memory: ask for a few ahead of use
+            for c in cands.iter().take(PREFETCH_AHEAD) {
+                prefetch(row(c.0));
+            }
+            (0..cands.len())
+                .map(|i| {
+                    if let Some(ahead) = cands.get(i + PREFETCH_AHEAD) {
+                        prefetch(row(ahead.0));
+                    }
+                    let (c, new) = cands[i];
+                    (c, graph_distance(row(x), row(c)), new)
+                })
+                .collect()
         })
         .collect();
     drop(homes);

@@ -17,7 +17,7 @@ use crate::NO_NODE;
 /// Refinement of the united lists: outer rounds and update rounds each.
 /// On SIFT 12k in 3,000-row shards (the test below): a union re-cut by
 /// rng_prune alone lost 0.025 of recall@10 at ef 20 to the whole build;
-/// one update round on the union beats the whole build (0.940 / 0.981
+/// one update round on the union beats the whole build (0.939 / 0.981
 /// against 0.929 / 0.979 at ef 20 / 40), two outer rounds of two more so
 /// (0.958 / 0.985) at 2.6× the merge's time.
 pub const REFINE: (usize, usize) = (1, 1);

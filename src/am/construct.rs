@@ -4,8 +4,10 @@
 //! same scans.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+use gpu_graph_engine::cost;
 use gpu_graph_engine::graph::Graph;
 use gpu_graph_engine::params::BuildParams;
 use gpu_graph_engine::rnn_descent;
@@ -63,6 +65,8 @@ struct Watch {
     /// built whole); the rounds reported count over every shard
     shard: AtomicUsize,
     shards: AtomicUsize,
+    /// a sharded build's plan and expected time, for the backend's NOTICE
+    plan: OnceLock<String>,
 }
 
 impl Control for Watch {
@@ -141,6 +145,17 @@ fn on_gpu(
         let what = format!("a shard of {MIN_SHARD_ROWS} rows within gpu_graph.build_gpu_memory ({} MiB)", budget >> 20);
         return Err(GpuError::OutOfMemory { needed, free: usable, what });
     }
+    let (k, cap) = gpu_graph_engine::partition::plan(n, max_rows);
+    let e = cost::estimate(n, stored_dim, k, &vec![(2 * n).div_ceil(k).min(cap); k], 1);
+    let _ = watch.plan.set(format!(
+        "gpu_graph: building {n} rows in {k} shards of at most {cap} rows (the whole build needs {} MiB of GPU memory, gpu_graph.build_gpu_memory allows {} MiB); expected {:.1} s: partition {:.1} s, shards {:.1} s, merge {:.1} s",
+        device_bytes(n, stored_dim, params, knn.exact(n)) >> 20,
+        budget >> 20,
+        e.total_s(),
+        e.partition_s,
+        e.shards_s,
+        e.merge_s
+    ));
     let t = Instant::now();
     let mut failed = None;
     let built = sharded::build_sharded(
@@ -218,9 +233,17 @@ pub fn construct(
             meanwhile();
             // the backend keeps serving interrupts while the GPU works, so a
             // cancel or statement_timeout ends the build within a round
+            let mut planned = false;
             while !gpu.is_finished() {
                 latch::nap(Duration::from_millis(10));
                 report_rounds(watch.done.load(Ordering::Relaxed), watch.total.load(Ordering::Relaxed));
+                if let (false, Some(plan)) = (planned, watch.plan.get()) {
+                    notice!("{plan}");
+                    planned = true;
+                }
+            }
+            if let (false, Some(plan)) = (planned, watch.plan.get()) {
+                notice!("{plan}");
             }
             gpu.join().unwrap_or_else(|_| Err(GpuError::Cuda("the GPU build thread panicked".into())))
         });

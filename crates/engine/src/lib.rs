@@ -8,6 +8,7 @@
 //! routine serve every path.
 
 pub mod candidates;
+pub mod cost;
 pub mod dataset;
 pub mod distance;
 pub mod flat;

@@ -1,0 +1,98 @@
+//! What a GPU graph build should cost, whole or in shards, before it starts
+//! (CMANNS sizes its shards from such a model; the NOTICE of a sharded
+//! CREATE INDEX prints it). The constants are fitted to an NVIDIA H200's
+//! measurements (docs/benchmarks.md, "Sharded builds" and "CREATE INDEX at
+//! scale"): GRNND's time grows with rows × (a fixed part + dimensions) and a
+//! little faster than the rows (more of the pools miss the caches), a shard
+//! adds a fixed setup, the host merge grows with the rows likewise.
+
+/// Seconds a million rows take GRNND, fixed part and per dimension.
+const GRAPH_S_PER_MROW: f64 = 0.068;
+const GRAPH_S_PER_MROW_DIM: f64 = 0.002_83;
+/// How much slower a row gets per decade of rows beyond a million.
+const GRAPH_GROWTH: f64 = 0.68;
+/// Each shard's build setup (allocation, transfers, its final cut).
+const SHARD_SETUP_S: f64 = 0.09;
+/// The merge: seconds a million rows, and its growth per decade.
+const MERGE_S_PER_MROW: f64 = 1.1;
+const MERGE_GROWTH: f64 = 0.32;
+/// The partition: a fixed part and per million rows.
+const PARTITION_S: f64 = 0.14;
+const PARTITION_S_PER_MROW: f64 = 0.026;
+
+/// The expected seconds of a build's graph phases.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Estimate {
+    pub partition_s: f64,
+    /// every shard's build, on `gpus` devices at once
+    pub shards_s: f64,
+    pub merge_s: f64,
+}
+
+impl Estimate {
+    pub fn total_s(&self) -> f64 {
+        self.partition_s + self.shards_s + self.merge_s
+    }
+}
+
+/// GRNND on `n` rows of `dim` floats, whole, on one device.
+pub fn graph_seconds(n: usize, dim: usize) -> f64 {
+    let m = n as f64 / 1e6;
+    let growth = 1.0 + GRAPH_GROWTH * m.max(1e-3).log10().max(-0.9);
+    m * (GRAPH_S_PER_MROW + GRAPH_S_PER_MROW_DIM * dim as f64) * growth.max(0.1)
+}
+
+/// A build of `n` rows of `dim` in `shard_rows` (each row in `copies`
+/// shards; 1 shard: the whole build, no partition or merge) on `gpus`
+/// devices sharing the shards.
+pub fn estimate(n: usize, dim: usize, shards: usize, shard_rows: &[usize], gpus: usize) -> Estimate {
+    if shards <= 1 {
+        return Estimate { partition_s: 0.0, shards_s: graph_seconds(n, dim), merge_s: 0.0 };
+    }
+    let m = n as f64 / 1e6;
+    let each: Vec<f64> = shard_rows.iter().map(|&r| graph_seconds(r, dim) + SHARD_SETUP_S).collect();
+    // shards go to the devices in turn; the slowest device sets the time
+    let gpus = gpus.max(1);
+    let shards_s = (0..gpus).map(|g| each.iter().skip(g).step_by(gpus).sum::<f64>()).fold(0.0, f64::max);
+    Estimate {
+        partition_s: PARTITION_S + PARTITION_S_PER_MROW * m,
+        shards_s,
+        merge_s: m * MERGE_S_PER_MROW * (1.0 + MERGE_GROWTH * m.max(1.0).log10()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn within(predicted: f64, measured: f64, share: f64) -> bool {
+        (predicted - measured).abs() <= share * measured
+    }
+
+    /// The model against the measurements it was fitted to, and two it was
+    /// not (3M x 768 whole, 10M x 96 in shards): each within 30%.
+    #[test]
+    fn reproduces_the_h200_measurements() {
+        for (n, dim, measured) in
+            [(1_000_000, 128, 0.43), (1_000_000, 768, 2.24), (10_000_000, 96, 5.70), (3_000_000, 768, 7.63)]
+        {
+            let p = graph_seconds(n, dim);
+            assert!(within(p, measured, 0.3), "{n} x {dim}: predicted {p:.2} s, measured {measured} s");
+        }
+        // 1M SIFT in 9 shards (2M shard rows), graph construction 2.72 s
+        let e = estimate(1_000_000, 128, 9, &[222_222; 9], 1);
+        assert!(within(e.total_s(), 2.72, 0.3), "{e:?}");
+        // 10M x 96 in 9 shards, graph construction 28.2 s
+        let e = estimate(10_000_000, 96, 9, &[2_222_222; 9], 1);
+        assert!(within(e.total_s(), 28.2, 0.3), "{e:?}");
+    }
+
+    #[test]
+    fn more_devices_share_the_shards() {
+        let one = estimate(10_000_000, 96, 8, &[2_500_000; 8], 1);
+        let eight = estimate(10_000_000, 96, 8, &[2_500_000; 8], 8);
+        assert!((one.shards_s / eight.shards_s - 8.0).abs() < 1e-9);
+        assert_eq!(one.merge_s, eight.merge_s);
+        assert_eq!(estimate(1000, 4, 1, &[], 1).merge_s, 0.0);
+    }
+}

@@ -32,11 +32,13 @@ SELECT i, (gpu_graph_info(i)->'build'->>'scan_workers')::int > 0 AS parallel,
 SET max_parallel_maintenance_workers = 2;
 CREATE INDEX par_ip ON par USING gpu_graph (v real_ip_ops);
 CREATE INDEX par_l2 ON par USING gpu_graph (v);
+-- CONCURRENTLY: the scan's registered snapshot, the same rows
+CREATE INDEX CONCURRENTLY par_cic ON par USING gpu_graph (v);
 RESET max_parallel_maintenance_workers;
 SELECT i, (gpu_graph_info(i)->'build'->>'scan_workers')::int > 0 AS parallel,
        gpu_graph_info(i)->'nodes'->'live' AS live
-  FROM unnest(ARRAY['par_ip', 'par_l2']::regclass[]) i;
-DROP INDEX par_ip, par_l2;
+  FROM unnest(ARRAY['par_ip', 'par_l2', 'par_cic']::regclass[]) i;
+DROP INDEX par_ip, par_l2, par_cic;
 
 -- the same answers as the exact ones, for 20 queries at a generous ef_search
 CREATE TABLE par_q AS SELECT q, ARRAY[cos(q), sin(q * 2.1), cos(q * 0.3), sin(q)]::real[] AS v

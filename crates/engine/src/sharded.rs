@@ -6,6 +6,8 @@
 
 use std::time::Instant;
 
+use rayon::prelude::*;
+
 use crate::graph::Graph;
 use crate::params::BuildParams;
 use crate::partition::{partition, plan};
@@ -55,19 +57,23 @@ pub fn build_sharded(
         return None;
     }
     let t = Instant::now();
-    let mut graphs = Vec::with_capacity(k);
-    let mut rows = Vec::new();
-    for (s, ids) in parts.shards.iter().enumerate() {
-        rows.clear();
-        for &i in ids {
-            rows.extend_from_slice(&vectors[i as usize * dim..(i as usize + 1) * dim]);
+    let graphs = std::thread::scope(|scope| {
+        let mut graphs = Vec::with_capacity(k);
+        let mut next = Some(gather(vectors, dim, &parts.shards[0]));
+        for s in 0..k {
+            let rows = next.take().expect("gathered ahead");
+            // the next shard's rows are gathered while this one builds
+            let ahead = parts.shards.get(s + 1).map(|ids| scope.spawn(move || gather(vectors, dim, ids)));
+            let built = build_shard(&rows);
+            drop(rows);
+            next = ahead.map(|h| h.join().expect("gathering a shard's rows"));
+            graphs.push(built?);
+            if !progress(s + 1, k) {
+                return None;
+            }
         }
-        graphs.push(build_shard(&rows)?);
-        if !progress(s + 1, k) {
-            return None;
-        }
-    }
-    drop(rows);
+        Some(graphs)
+    })?;
     stats.shards_ms = t.elapsed().as_secs_f64() * 1e3;
     let t = Instant::now();
     // the merge's refinement rounds count as one more step of the progress
@@ -76,6 +82,20 @@ pub fn build_sharded(
     stats.merge_ms = t.elapsed().as_secs_f64() * 1e3;
     stats.repaired = repaired;
     Some((graph, stats))
+}
+
+/// The rows of `ids`, contiguous, copied on every core (at 10M x 96 one
+/// shard is 0.85 GB).
+fn gather(vectors: &[f32], dim: usize, ids: &[u32]) -> Vec<f32> {
+    let len = ids.len() * dim;
+    let mut rows: Vec<f32> = Vec::with_capacity(len);
+    rows.spare_capacity_mut()[..len].par_chunks_mut(dim.max(1)).zip(ids.par_iter()).for_each(|(out, &i)| {
+        out.write_copy_of_slice(&vectors[i as usize * dim..(i as usize + 1) * dim]);
+    });
+    // SAFETY: every one of the `len` values was written above (one row of
+    // `dim` for each id).
+    unsafe { rows.set_len(len) };
+    rows
 }
 
 #[cfg(test)]

@@ -19,28 +19,34 @@ use crate::store::GraphMut;
 /// cut to `degree`. The first node of an empty graph becomes the entry point.
 /// Returns the new node's id.
 ///
-/// Two inserts racing into an empty graph may both become the entry in turn;
-/// the loser stays unlinked until found by a scan's final sweep (the
-/// PostgreSQL store serialises the first insert on its meta page).
+/// The node is stored first (unreachable until linked), and inserts racing
+/// into an empty graph agree on one entry through [`GraphMut::set_entry_if`]:
+/// the one that set it is done, every other one links itself from it.
 pub fn insert<G: GraphMut>(store: &G, stored: &[f32], payload: u64, ef_construction: usize) -> u32 {
     let degree = store.degree();
-    if store.entry().is_none() {
-        let id = store.allocate(stored, payload);
-        store.set_entry(Some(id));
-        return id;
-    }
-    // L2 over stored vectors is the graph distance, whatever the SQL metric
-    let mut search = Search::new(store, Metric::L2, stored);
-    let hits = search.next_round(store, ef_construction.max(degree));
-    let kept = Candidates::collect(store, stored, hits.iter().map(|h| h.node)).prune(usize::MAX, degree);
-
     let id = store.allocate(stored, payload);
-    if hits.is_empty() {
-        // the search returns nothing only when no live node is left: start
-        // afresh from this one
-        store.set_entry(Some(id));
-        return id;
-    }
+    let kept = loop {
+        let entry = store.entry();
+        if entry.is_none() {
+            if store.set_entry_if(None, Some(id)).is_none() {
+                return id;
+            }
+            continue; // another insert became the entry: link to it
+        }
+        // L2 over stored vectors is the graph distance, whatever the SQL metric
+        let mut search = Search::new(store, Metric::L2, stored);
+        let hits = search.next_round(store, ef_construction.max(degree));
+        let found = hits.iter().map(|h| h.node).filter(|&n| n != id);
+        let kept = Candidates::collect(store, stored, found).prune(usize::MAX, degree);
+        if !kept.is_empty() {
+            break kept;
+        }
+        // no other live node is left: start afresh from this one, unless a
+        // concurrent insert changed the entry meanwhile (then search again)
+        if store.set_entry_if(entry, Some(id)) == entry {
+            return id;
+        }
+    };
     store.update_neighbors(id, &mut |list| {
         // keep what a concurrent insert may have linked here already
         let extra: Vec<u32> = list.drain(..).filter(|u| !kept.iter().any(|k| k.0 == *u)).collect();

@@ -134,6 +134,13 @@ impl GraphMut for MemoryStore {
     fn set_entry(&self, node: Option<u32>) {
         self.entry.store(node.unwrap_or(NO_NODE), Ordering::Release);
     }
+    fn set_entry_if(&self, expected: Option<u32>, node: Option<u32>) -> Option<u32> {
+        let (e, n) = (expected.unwrap_or(NO_NODE), node.unwrap_or(NO_NODE));
+        match self.entry.compare_exchange(e, n, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => expected,
+            Err(found) => (found != NO_NODE).then_some(found),
+        }
+    }
     fn mark_deleted(&self, node: u32) {
         let nodes = self.read();
         // a free slot stays free

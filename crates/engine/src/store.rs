@@ -53,6 +53,10 @@ pub trait GraphMut: GraphView {
         replaced
     }
     fn set_entry(&self, node: Option<u32>);
+    /// Sets the entry point to `node` only if it is still `expected`, in one
+    /// atomic step; returns the entry point found (`expected` on success).
+    /// How concurrent first inserts into an empty graph agree on one entry.
+    fn set_entry_if(&self, expected: Option<u32>, node: Option<u32>) -> Option<u32>;
     fn mark_deleted(&self, node: u32);
     /// Makes a deleted node's slot free for reuse (its list is emptied).
     fn free(&self, node: u32);

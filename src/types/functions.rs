@@ -5,7 +5,7 @@ use gpu_graph_engine::distance;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 
-use super::array::{error, real_array};
+use super::array::{error, non_finite, real_array};
 
 /// Both arguments of a distance function, checked alike.
 ///
@@ -27,6 +27,15 @@ unsafe fn two_vectors<'a>(fcinfo: pg_sys::FunctionCallInfo) -> (&'a [f32], &'a [
             ERROR,
             PgSqlErrorCode::ERRCODE_DATA_EXCEPTION,
             format!("different vector dimensions {} and {}", a.len(), b.len())
+        );
+    }
+    // as the index refuses such rows, and pgvector such vectors: a NaN
+    // distance would sort anywhere
+    if let Some(x) = non_finite(a).or_else(|| non_finite(b)) {
+        ereport!(
+            ERROR,
+            PgSqlErrorCode::ERRCODE_DATA_EXCEPTION,
+            format!("gpu_graph vectors must not contain NaN or infinity, found {x}")
         );
     }
     (a, b)

@@ -148,7 +148,25 @@ pub fn prefetch(v: &[f32]) {
 }
 
 pub fn norm(a: &[f32]) -> f32 {
-    dot(a, a).sqrt()
+    norm64(a) as f32
+}
+
+/// Sum of `a[i]·b[i]` in f64: exact enough for every finite f32 input, where
+/// an f32 sum of squares overflows above 1.8e19 and underflows below 1e-19.
+fn dot64(a: &[f32], b: &[f32]) -> f64 {
+    a.iter().zip(b).map(|(&x, &y)| x as f64 * y as f64).sum()
+}
+
+/// |a| accumulated in f64 (see [`dot64`]).
+pub fn norm64(a: &[f32]) -> f64 {
+    dot64(a, a).sqrt()
+}
+
+/// Whether f32 sums of these magnitudes are safe: finite and far from
+/// subnormal, so the fast kernels' result is the f64 one rounded.
+#[inline]
+fn safe(x: f32) -> bool {
+    x.is_finite() && x > 1e-30
 }
 
 /// `<->`: Euclidean distance.
@@ -156,12 +174,19 @@ pub fn l2_distance(a: &[f32], b: &[f32]) -> f64 {
     (l2sq(a, b) as f64).sqrt()
 }
 
-/// `<=>`: 1 − cos(a, b); NaN when either vector is zero (the SQL layer says so).
+/// `<=>`: 1 − cos(a, b); NaN when either vector is zero (as pgvector). The
+/// fast f32 kernels serve where their sums can neither overflow nor lose
+/// themselves in subnormals; other finite inputs ('{1e20,0}', '{1e-40,1e-40}')
+/// are summed in f64, so every finite input gets the right answer.
 pub fn cosine_distance(a: &[f32], b: &[f32]) -> f64 {
-    let d = dot(a, b) as f64;
-    let na = dot(a, a) as f64;
-    let nb = dot(b, b) as f64;
-    let sim = d / (na * nb).sqrt();
+    let (na, nb) = (dot(a, a), dot(b, b));
+    let d = dot(a, b);
+    let (d, na, nb) = if safe(na) && safe(nb) && d.is_finite() {
+        (d as f64, na as f64, nb as f64)
+    } else {
+        (dot64(a, b), dot64(a, a), dot64(b, b))
+    };
+    let sim = d / (na.sqrt() * nb.sqrt());
     1.0 - sim.clamp(-1.0, 1.0)
 }
 

@@ -16,7 +16,7 @@
 //! The search ranks by [`Metric::search_distance`], monotone with the SQL
 //! operator, and [`Metric::to_sql`] turns that into the operator's value.
 
-use crate::distance::{dot, l2sq};
+use crate::distance::{dot, l2sq, norm64};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Metric {
@@ -66,7 +66,7 @@ impl Metric {
     /// Whether a row with this vector can be indexed (cosine: not zero).
     pub fn indexable(self, v: &[f32]) -> bool {
         match self {
-            Metric::Cosine => dot(v, v) > 0.0,
+            Metric::Cosine => norm64(v) > 0.0,
             _ => true,
         }
     }
@@ -77,12 +77,13 @@ impl Metric {
         match self {
             Metric::L2 => out.extend_from_slice(v),
             Metric::Cosine => {
-                let inv = 1.0 / dot(v, v).sqrt();
-                out.extend(v.iter().map(|x| x * inv));
+                // in f64: a norm of 1e20 or 1e-40 is no special case
+                let n = norm64(v);
+                out.extend(v.iter().map(|&x| (x as f64 / n) as f32));
             }
             Metric::InnerProduct => {
                 out.extend_from_slice(v);
-                let extra = (max_norm as f64).powi(2) - dot(v, v) as f64;
+                let extra = (max_norm as f64).powi(2) - norm64(v).powi(2);
                 out.push(extra.max(0.0).sqrt() as f32);
             }
         }
@@ -93,9 +94,9 @@ impl Metric {
         match self {
             Metric::L2 => q.to_vec(),
             Metric::Cosine => {
-                let n = dot(q, q).sqrt();
+                let n = norm64(q);
                 if n > 0.0 {
-                    q.iter().map(|x| x / n).collect()
+                    q.iter().map(|&x| (x as f64 / n) as f32).collect()
                 } else {
                     q.to_vec()
                 }

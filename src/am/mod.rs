@@ -12,6 +12,7 @@ pub mod parallel_scan;
 pub mod scan;
 pub mod vacuum;
 pub mod vector;
+pub mod verify;
 
 use pgrx::pg_sys;
 use pgrx::prelude::*;

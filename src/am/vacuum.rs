@@ -9,7 +9,7 @@ use pgrx::pg_sys;
 use pgrx::prelude::*;
 
 use crate::storage::codec::payload_to_tid;
-use crate::storage::meta::{Meta, FREE_CAP};
+use crate::storage::meta::Meta;
 use crate::storage::page_store::PageStore;
 
 fn stats_or_new(stats: *mut pg_sys::IndexBulkDeleteResult) -> *mut pg_sys::IndexBulkDeleteResult {
@@ -62,42 +62,8 @@ pub unsafe extern "C-unwind" fn ambulkdelete(
         (*stats).tuples_removed += removed;
         if !deleted.is_empty() {
             repair::repair(&store, &deleted);
-            refill_free_list(&store);
         }
         stats
-    }
-}
-
-/// Free slots beyond the meta page's free list wait for a later VACUUM: give
-/// them to the list when it has room again.
-fn refill_free_list(store: &PageStore) {
-    // SAFETY: the store's index is an open gpu_graph index (PageStore::new's contract).
-    let meta = unsafe { Meta::read(store.rel) };
-    if meta.free_count as usize >= FREE_CAP {
-        return;
-    }
-    let listed: std::collections::HashSet<u32> = meta.free[..meta.free_count as usize].iter().copied().collect();
-    let mut extra = Vec::new();
-    for node in 0..meta.node_count {
-        if extra.len() + listed.len() >= FREE_CAP {
-            break;
-        }
-        if !listed.contains(&node) && store.visit(node, |_| 0.0).is_none() {
-            extra.push(node);
-        }
-    }
-    if !extra.is_empty() {
-        // SAFETY: as above.
-        unsafe {
-            Meta::update(store.rel, |m| {
-                for n in extra {
-                    if (m.free_count as usize) < FREE_CAP && !m.free[..m.free_count as usize].contains(&n) {
-                        m.free[m.free_count as usize] = n;
-                        m.free_count += 1;
-                    }
-                }
-            })
-        }
     }
 }
 

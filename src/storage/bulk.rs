@@ -49,6 +49,7 @@ unsafe fn relation_needs_wal(rel: pg_sys::Relation) -> bool {
 
 pub struct BulkWriter {
     rel: pg_sys::Relation,
+    fork: pg_sys::ForkNumber::Type,
     wal: bool,
     /// blocks numbered so far (the next block [`BulkWriter::append`] gives)
     blocks: u32,
@@ -71,10 +72,23 @@ impl BulkWriter {
     /// `rel` must be a new index relation with an empty main fork, open
     /// while the writer lives, that no other process can see yet.
     pub unsafe fn new(rel: pg_sys::Relation) -> BulkWriter {
+        // SAFETY: as this function's.
+        unsafe { Self::for_fork(rel, pg_sys::ForkNumber::MAIN_FORKNUM) }
+    }
+
+    /// A writer of `fork` of `rel`. An unlogged index's init fork is always
+    /// WAL-logged (recovery copies it over the main fork, so it must survive
+    /// a crash) and synced by [`BulkWriter::finish_synced`], as btree's
+    /// `btbuildempty` does.
+    ///
+    /// # Safety
+    /// As [`BulkWriter::new`], for `fork`.
+    pub unsafe fn for_fork(rel: pg_sys::Relation, fork: pg_sys::ForkNumber::Type) -> BulkWriter {
         BulkWriter {
             rel,
+            fork,
             // SAFETY: `rel` is open (the caller's contract).
-            wal: unsafe { relation_needs_wal(rel) },
+            wal: fork == pg_sys::ForkNumber::INIT_FORKNUM || unsafe { relation_needs_wal(rel) },
             blocks: 0,
             extended: 0,
             images: (0..Self::BATCH).map(|_| Box::new(Image([0; BLCKSZ]))).collect(),
@@ -151,7 +165,7 @@ impl BulkWriter {
             if self.wal {
                 pg_sys::log_newpages(
                     &mut (*self.rel).rd_node,
-                    pg_sys::ForkNumber::MAIN_FORKNUM,
+                    self.fork,
                     self.filled as i32,
                     self.numbers.as_mut_ptr(),
                     pages.as_mut_ptr(),
@@ -165,10 +179,10 @@ impl BulkWriter {
                 // with WAL, each write asks the checkpointer to fsync it;
                 // without, the commit syncs the file
                 if block >= self.extended {
-                    pg_sys::smgrextend(smgr, pg_sys::ForkNumber::MAIN_FORKNUM, block, data, !self.wal);
+                    pg_sys::smgrextend(smgr, self.fork, block, data, !self.wal);
                     self.extended = block + 1;
                 } else {
-                    pg_sys::smgrwrite(smgr, pg_sys::ForkNumber::MAIN_FORKNUM, block, data, !self.wal);
+                    pg_sys::smgrwrite(smgr, self.fork, block, data, !self.wal);
                 }
             }
         }
@@ -182,6 +196,14 @@ impl BulkWriter {
     /// commit's (without), as the module's comment says.
     pub fn finish(mut self) {
         self.flush();
+    }
+
+    /// Writes what is queued and fsyncs the fork now: for the init fork,
+    /// whose writes no checkpoint is asked to sync.
+    pub fn finish_synced(mut self) {
+        self.flush();
+        // SAFETY: `rel` is open (new's contract).
+        unsafe { pg_sys::smgrimmedsync(pg_sys::RelationGetSmgr(self.rel), self.fork) };
     }
 }
 

@@ -274,6 +274,12 @@ impl<'a> PageMut<'a> {
         }
     }
 
+    /// Rewrites a node's vector header (its vector stays).
+    pub fn put_header(&mut self, layout: &Layout, node: u32, payload: u64, flags: u16) {
+        let header = &mut self.contents()[tuple_range(layout, node)][..VECTOR_HEADER];
+        VectorHeader::new(payload, flags).encode(header);
+    }
+
     /// Changes the flags of a node's vector tuple; returns the old flags.
     pub fn set_flags(&mut self, layout: &Layout, node: u32, f: impl FnOnce(u16) -> u16) -> u16 {
         let header = &mut self.contents()[tuple_range(layout, node)][..VECTOR_HEADER];

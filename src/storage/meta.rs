@@ -6,14 +6,14 @@ use gpu_graph_engine::NO_NODE;
 use pgrx::pg_sys;
 
 use super::buffer::{Locked, Xlog};
+use super::corrupt::corrupted;
 use super::layout::{Element, Layout};
 
 pub const MAGIC: u32 = 0x4750_4752; // "GPGR"
 /// 2: chunks of whole vector pages where that takes fewer pages (Layout::new);
-/// scan_workers; storage
-pub const FORMAT_VERSION: u32 = 2;
-/// Node ids freed by VACUUM and kept for reuse by inserts.
-pub const FREE_CAP: usize = 1800;
+/// scan_workers; storage. 3: the free list chained through the free slots
+/// (free_head), not a bounded array on this page
+pub const FORMAT_VERSION: u32 = 3;
 
 /// Build phases whose duration the meta page records, in this order.
 /// Page writes include their WAL; vector pages are written while a GPU build
@@ -56,8 +56,11 @@ pub struct Meta {
     pub build_ms: [f32; 6],
     /// the GPU's name, NUL-padded (empty for a CPU build)
     pub device_name: [u8; 64],
+    /// slots freed by VACUUM, kept for reuse by inserts: a chain from
+    /// `free_head` through each free slot's vector header, which holds the
+    /// next free id where a live one holds its heap TID (NO_NODE ends it)
     pub free_count: u32,
-    pub free: [u32; FREE_CAP],
+    pub free_head: u32,
     /// a sharded build's shards (0: built whole), its largest shard's rows,
     /// shard rows over rows, and the milliseconds of its partition and merge
     pub shards: u32,
@@ -93,7 +96,7 @@ impl Meta {
             build_ms: [0.0; 6],
             device_name: [0; 64],
             free_count: 0,
-            free: [NO_NODE; FREE_CAP],
+            free_head: NO_NODE,
             shards: 0,
             largest_shard: 0,
             shard_overlap: 0.0,
@@ -102,7 +105,7 @@ impl Meta {
         }
     }
     pub fn metric(&self) -> Metric {
-        Metric::from_code(self.metric).expect("gpu_graph: corrupt meta page (metric)")
+        Metric::from_code(self.metric).expect("checked() refuses an unknown metric")
     }
     pub fn stored_dim(&self) -> usize {
         self.metric().stored_dim(self.dim as usize)
@@ -148,13 +151,46 @@ impl Meta {
         // SAFETY: `rel` is an open index (the caller's contract), block 0 its
         // meta page; the view is dropped before the shared lock is.
         let m = unsafe { Locked::read(rel, 0, false).page().meta() };
-        m.checked()
+        // SAFETY: as above.
+        unsafe { m.checked(rel) }
     }
 
-    /// `self`, or an ERROR when it is not a meta page of this format.
-    pub fn checked(self) -> Meta {
-        if self.magic != MAGIC || self.version != FORMAT_VERSION {
+    /// `self`, or an ERROR when it is not a meta page of this format or
+    /// holds what no gpu_graph write makes (every later computation trusts
+    /// these fields: a degree of 0 would divide by zero in the layout).
+    ///
+    /// # Safety
+    /// `rel` must be the open index `self` was read from.
+    pub unsafe fn checked(self, rel: pg_sys::Relation) -> Meta {
+        // SAFETY: `rel` is open (the caller's contract).
+        let bad = |what: String| unsafe { corrupted(rel, 0, what) };
+        if self.magic != MAGIC {
+            bad(format!("its meta page has magic {:#x}, not {MAGIC:#x}", self.magic));
+        }
+        if self.version != FORMAT_VERSION {
             pgrx::error!("gpu_graph: the index's meta page is not of format {FORMAT_VERSION}; REINDEX it");
+        }
+        let node = |n: u32| n == NO_NODE || n < self.node_count;
+        if Metric::from_code(self.metric).is_none()
+            || !(8..=128).contains(&self.degree)
+            || !matches!(self.element_bytes, 2 | 4)
+            || self.dim as usize > super::layout::Element::F16.max_dim()
+            || !node(self.entry)
+            || !node(self.free_head)
+            || self.free_count > self.node_count
+        {
+            bad(format!(
+                "its meta page is inconsistent (metric {}, degree {}, element bytes {}, dimensions {}, nodes {}, \
+                 entry {}, free list {} of {})",
+                self.metric,
+                self.degree,
+                self.element_bytes,
+                self.dim,
+                self.node_count,
+                self.entry,
+                self.free_head,
+                self.free_count
+            ));
         }
         self
     }
@@ -171,7 +207,7 @@ impl Meta {
         // lives across GenericXLogFinish.
         unsafe {
             let b = Locked::read(rel, 0, true);
-            let mut m = b.page().meta().checked();
+            let mut m = b.page().meta().checked(rel);
             let out = f(&mut m);
             m.generation += 1;
             let mut x = Xlog::start(rel);

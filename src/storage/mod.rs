@@ -6,12 +6,14 @@
 //! - [`codec`]: what a page's bytes mean (lists, vector tuples, the meta page)
 //! - [`buffer`]: locked buffers and GenericXLog records
 //! - [`meta`]: the meta page
+//! - [`corrupt`]: the ERROR a damaged page raises
 //! - [`page_store`]: the engine's storage traits over buffers
 //! - [`writer`]: a whole index at once (CREATE INDEX)
 
 pub mod buffer;
 pub mod bulk;
 pub mod codec;
+pub mod corrupt;
 pub mod layout;
 pub mod meta;
 pub mod page_store;

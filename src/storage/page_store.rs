@@ -5,17 +5,19 @@
 //! Lock order: a graph page may be held exclusively while vector pages are
 //! read (insert re-prunes a list under its lock); a vector page lock is never
 //! held while another lock is taken, so no cycle can form. The meta page is
-//! taken first when taken at all.
+//! taken first when taken at all (freeing and reusing a slot hold it while
+//! they lock the slot's vector page).
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 
 use gpu_graph_engine::store::{GraphMut, GraphView, Visit};
 use gpu_graph_engine::NO_NODE;
 use pgrx::pg_sys;
 
 use super::buffer::{Locked, Xlog};
+use super::corrupt::corrupted;
 use super::layout::{Layout, FLAG_DELETED, FLAG_FREE};
-use super::meta::{Meta, FREE_CAP};
+use super::meta::Meta;
 
 pub struct PageStore {
     /// an open gpu_graph index, for as long as the store is used
@@ -23,6 +25,9 @@ pub struct PageStore {
     pub layout: Layout,
     /// an f16 vector widened for the distance function
     scratch: RefCell<Vec<f32>>,
+    /// node ids below this exist (the meta page's count when last read):
+    /// a list naming one above it is checked against the meta page again
+    known: Cell<u32>,
 }
 
 impl PageStore {
@@ -30,7 +35,26 @@ impl PageStore {
     /// `rel` must be an open gpu_graph index whose meta page `meta` was read
     /// from, and stay open while the store is used.
     pub unsafe fn new(rel: pg_sys::Relation, meta: &Meta) -> PageStore {
-        PageStore { rel, layout: meta.layout(), scratch: RefCell::new(Vec::new()) }
+        PageStore { rel, layout: meta.layout(), scratch: RefCell::new(Vec::new()), known: Cell::new(meta.node_count) }
+    }
+
+    /// ERROR (index corrupted) if `list`, read from `node`'s graph page, names
+    /// a node the index does not have (nodes allocated since `known` was
+    /// read are fine): no search may follow it off the end of the relation.
+    fn check_ids(&self, node: u32, list: &[u32]) {
+        // SAFETY: `rel` is an open gpu_graph index (new's contract).
+        let count = unsafe { Meta::read(self.rel).node_count };
+        self.known.set(count);
+        if let Some(u) = list.iter().find(|&&u| u >= count) {
+            // SAFETY: as above.
+            unsafe {
+                corrupted(
+                    self.rel,
+                    self.layout.graph_block(node),
+                    format!("the list of node {node} names node {u}, beyond the index's {count}"),
+                )
+            };
+        }
     }
 
     /// Sets flags on a node's vector tuple, WAL-logged; returns the old flags.
@@ -110,28 +134,30 @@ impl GraphView for PageStore {
             let b = Locked::read(self.rel, self.layout.graph_block(node), false);
             out.extend(b.page().neighbors(&self.layout, node));
         }
+        let known = self.known.get();
+        if out.iter().any(|&u| u >= known) {
+            self.check_ids(node, out);
+        }
     }
 }
 
 impl GraphMut for PageStore {
     fn allocate(&self, stored: &[f32], payload: u64) -> u32 {
         assert_eq!(stored.len(), self.layout.stored_dim);
+        if let Some(node) = self.reuse_free(stored, payload) {
+            return node;
+        }
         // SAFETY: `rel` is an open gpu_graph index (PageStore::new's
         // contract); the meta page's exclusive lock is held while the id is
         // taken and the chunk extended.
         let node = unsafe {
             Meta::update(self.rel, |m| {
-                if m.free_count > 0 {
-                    m.free_count -= 1;
-                    m.free[m.free_count as usize]
-                } else {
-                    let n = m.node_count;
-                    if (n as usize).is_multiple_of(self.layout.per_chunk) {
-                        self.extend_chunk(n);
-                    }
-                    m.node_count += 1;
-                    n
+                let n = m.node_count;
+                if (n as usize).is_multiple_of(self.layout.per_chunk) {
+                    self.extend_chunk(n);
                 }
+                m.node_count += 1;
+                n
             })
         };
         // SAFETY: as in set_flags.
@@ -167,6 +193,21 @@ impl GraphMut for PageStore {
         unsafe { Meta::update(self.rel, |m| m.entry = node.unwrap_or(NO_NODE)) }
     }
 
+    fn set_entry_if(&self, expected: Option<u32>, node: Option<u32>) -> Option<u32> {
+        // SAFETY: `rel` is an open gpu_graph index (PageStore::new's
+        // contract); the meta page's exclusive lock makes the test and the
+        // set one step for every backend.
+        unsafe {
+            Meta::update(self.rel, |m| {
+                let found = m.entry();
+                if found == expected {
+                    m.entry = node.unwrap_or(NO_NODE);
+                }
+                found
+            })
+        }
+    }
+
     fn mark_deleted(&self, node: u32) {
         self.set_flags(node, |f| f | FLAG_DELETED);
     }
@@ -176,17 +217,60 @@ impl GraphMut for PageStore {
             l.clear();
             true
         });
-        self.set_flags(node, |_| FLAG_FREE);
-        // SAFETY: `rel` is an open gpu_graph index (PageStore::new's contract).
+        // SAFETY: `rel` is an open gpu_graph index (PageStore::new's
+        // contract). The meta page, then the slot's vector page, are locked
+        // exclusively (the order every path takes) and both changed in one
+        // record, so the chain and the flags never disagree, after a crash
+        // too.
         unsafe {
-            Meta::update(self.rel, |m| {
-                // ids beyond the free list's capacity stay free slots until a
-                // later VACUUM finds room for them (see vacuum.rs)
-                if (m.free_count as usize) < FREE_CAP {
-                    m.free[m.free_count as usize] = node;
-                    m.free_count += 1;
-                }
-            })
+            let mb = Locked::read(self.rel, 0, true);
+            let mut m = mb.page().meta().checked(self.rel);
+            let vb = Locked::read(self.rel, self.layout.vector_block(node), true);
+            if vb.page().tuple(&self.layout, node).header.flags & FLAG_FREE != 0 {
+                return; // freed already
+            }
+            let next = m.free_head;
+            m.free_head = node;
+            m.free_count += 1;
+            m.generation += 1;
+            let mut x = Xlog::start(self.rel);
+            x.register(&mb, false).put_meta(&m);
+            x.register(&vb, false).put_header(&self.layout, node, next as u64, FLAG_FREE);
+            x.finish();
+        }
+    }
+}
+
+impl PageStore {
+    /// Takes the free list's first slot for a new node, or None when the list
+    /// is empty. The chain's next id is read from the slot, and the meta page
+    /// and the slot's new tuple are written in one record (see `free`).
+    fn reuse_free(&self, stored: &[f32], payload: u64) -> Option<u32> {
+        // SAFETY: as in `free`.
+        unsafe {
+            let mb = Locked::read(self.rel, 0, true);
+            let mut m = mb.page().meta().checked(self.rel);
+            let node = m.free_head;
+            if node == NO_NODE {
+                return None;
+            }
+            if node >= m.node_count {
+                corrupted(self.rel, 0, format!("its free list starts at node {node} of {}", m.node_count));
+            }
+            let vb = Locked::read(self.rel, self.layout.vector_block(node), true);
+            let header = vb.page().tuple(&self.layout, node).header;
+            let next = header.payload();
+            if header.flags & FLAG_FREE == 0 || (next >= m.node_count as u64 && next != NO_NODE as u64) {
+                corrupted(self.rel, vb.block(), format!("node {node} is on the free list but not a free slot"));
+            }
+            m.free_head = next as u32;
+            m.free_count = m.free_count.saturating_sub(1);
+            m.generation += 1;
+            let mut x = Xlog::start(self.rel);
+            x.register(&mb, false).put_meta(&m);
+            x.register(&vb, false).put_tuple(&self.layout, node, payload, 0, stored);
+            x.finish();
+            Some(node)
         }
     }
 }

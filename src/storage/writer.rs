@@ -9,7 +9,6 @@
 use gpu_graph_engine::graph::Graph;
 use pgrx::pg_sys;
 
-use super::buffer::{Locked, Xlog};
 use super::bulk::BulkWriter;
 use super::layout::Layout;
 use super::meta::Meta;
@@ -127,12 +126,9 @@ pub fn write_graph_pages(out: &mut BulkWriter, layout: &Layout, graph: &Graph, p
 /// # Safety
 /// `rel` must be an unlogged gpu_graph index without an init fork yet.
 pub unsafe fn write_init_fork(rel: pg_sys::Relation, meta: &Meta) {
-    // SAFETY: `rel` is open and its init fork new (the caller's contract); the
-    // page is written through the record's copy.
-    unsafe {
-        let b = Locked::extend(rel, pg_sys::ForkNumber::INIT_FORKNUM);
-        let mut x = Xlog::start(rel);
-        x.register(&b, true).format_meta(meta);
-        x.finish();
-    }
+    // SAFETY: `rel` is open and its init fork new and empty (the caller's
+    // contract); no other process sees the fork.
+    let mut out = unsafe { BulkWriter::for_fork(rel, pg_sys::ForkNumber::INIT_FORKNUM) };
+    out.append(&mut |p| p.format_meta(meta));
+    out.finish_synced();
 }

@@ -16,8 +16,9 @@
 #    in tests/cluster (WAL replay on a replica and after a crash, concurrency)
 # 5. pgrx tests: the extension's #[pg_test]s (`cargo pgrx test`, in a cluster
 #    run as the postgres OS user). It installs a build with the test functions
-#    in place of the release one, so it runs after pg_regress; the next
-#    scripts/setup.sh (or demo.sh) puts the release build back.
+#    in place of the release one (its test functions in a `tests` schema of
+#    every database that creates the extension), so it runs after pg_regress
+#    and the release build is installed again right after it.
 # 6. scripts/check-kernels.sh: compiles every CUDA kernel and the ABI check
 #    with NVRTC (no GPU needed)
 #
@@ -70,7 +71,21 @@ cargo_pgrx_test() {
   fi
   cargo pgrx test pg15 --release "${runas[@]}" --pgdata "$base" || rc=$?
   rm -rf "$base"
+  # what users get, not the test build, stays installed
+  bash scripts/setup.sh || rc=$?
+  [ $rc != 0 ] || check_release_installed || rc=$?
   return $rc
+}
+
+# The installed library has no pg_test functions (the release build).
+check_release_installed() {
+  local lib
+  lib="$("$PG_CONFIG" --pkglibdir)/gpu_graph.so"
+  # a #[pg_test] of src/pg_tests.rs, exported only by the test build
+  if grep -q operators_match_engine "$lib"; then
+    echo "the pgrx test build is still installed at $lib"
+    return 1
+  fi
 }
 
 setup_ok=1

@@ -25,6 +25,9 @@ pub extern "C-unwind" fn _PG_init() {
         gucs::register_postmaster();
         worker::preload();
     }
+    // a misspelt gpu_graph.* setting is an ERROR, not a silent placeholder
+    // SAFETY: called while the library loads, after its settings are defined.
+    unsafe { pg_sys::MarkGUCPrefixReserved(c"gpu_graph".as_ptr()) };
 }
 
 /// pgrx turns an ERROR that crosses Rust code into a panic and back, and its

@@ -150,7 +150,9 @@ fn notice_built(
             _ => format!("{p} {:.2} s", t / 1000.0),
         })
         .collect();
-    notice!(
+    // DEBUG1, as PostgreSQL's own build reports: pgvector and btree print
+    // nothing at CREATE INDEX; the numbers stay in gpu_graph_info
+    debug1!(
         "gpu_graph: built {} rows ({} dims, {}) on {device} in {:.2} s: {}; {}{}",
         loader.payloads.len(),
         loader.dim,

@@ -130,6 +130,21 @@ fn build(meta: &Meta) -> Build {
     }
 }
 
+/// Whether the current role may see what the index says of its table's rows
+/// (live count, dimensions): SELECT on the table, or the privileges of
+/// pg_stat_scan_tables, as pgstattuple's pgstatindex() asks.
+///
+/// # Safety
+/// In a transaction.
+unsafe fn may_read_stats(heap: pg_sys::Oid) -> bool {
+    // SAFETY: catalog lookups for the current user, in a transaction.
+    unsafe {
+        let user = pg_sys::GetUserId();
+        pg_sys::pg_class_aclcheck(heap, user, pg_sys::ACL_SELECT as pg_sys::AclMode) == pg_sys::AclResult::ACLCHECK_OK
+            || pg_sys::has_privs_of_role(user, pg_sys::Oid::from(pg_sys::ROLE_PG_STAT_SCAN_TABLES))
+    }
+}
+
 #[pg_extern(sql = "
 CREATE FUNCTION gpu_graph_info(index regclass) RETURNS jsonb
     AS 'MODULE_PATHNAME', 'gpu_graph_info_wrapper' LANGUAGE C STRICT VOLATILE PARALLEL SAFE;
@@ -145,6 +160,19 @@ fn gpu_graph_info(index: pg_sys::Oid) -> JsonB {
         if (*(*rel).rd_rel).relam != ours {
             pg_sys::index_close(rel, lock);
             error!("gpu_graph_info: relation {} is not a gpu_graph index", index.to_u32());
+        }
+        let heap = (*(*rel).rd_index).indrelid;
+        if !may_read_stats(heap) {
+            let name = pg_sys::get_rel_name(heap);
+            let name =
+                if name.is_null() { String::new() } else { std::ffi::CStr::from_ptr(name).to_string_lossy().into() };
+            pg_sys::index_close(rel, lock);
+            ereport!(
+                ERROR,
+                PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE,
+                format!("permission denied for table {name}"),
+                "gpu_graph_info() needs SELECT on the index's table or the privileges of pg_stat_scan_tables."
+            );
         }
         let meta = Meta::read(rel);
         let shape = if meta.dim != 0 {

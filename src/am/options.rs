@@ -220,12 +220,25 @@ pub unsafe fn build_params(index: pg_sys::Relation) -> BuildParams {
         p.t2 = o.t2 as usize;
         p.rho = o.rho as f32;
     }
+    let bad = |msg: String| {
+        ereport!(ERROR, PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE, msg);
+    };
     if p.r < p.degree {
-        ereport!(
-            ERROR,
-            PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
-            format!("gpu_graph option \"r\" ({}) must be at least \"degree\" ({})", p.r, p.degree)
-        );
+        bad(format!("gpu_graph option \"r\" ({}) must be at least \"degree\" ({})", p.r, p.degree));
+    }
+    // RNN-Descent refines a random graph of s out-edges a node in t1 × t2
+    // rounds: with fewer than 4 random edges the start is not one connected
+    // graph, and with fewer than 4 rounds it is barely refined. s = 1, t1 =
+    // t2 = 1 built a graph of out-degree 1 whose top 10 was wrong for every
+    // query; such combinations are refused rather than built.
+    if p.s < 4 {
+        bad(format!("gpu_graph option \"s\" ({}) must be at least 4 for the graph to be navigable", p.s));
+    }
+    if p.t1 * p.t2 < 4 {
+        bad(format!(
+            "gpu_graph options \"t1\" × \"t2\" ({} × {}) must give at least 4 rounds for the graph to be navigable",
+            p.t1, p.t2
+        ));
     }
     p
 }

@@ -121,6 +121,7 @@ unsafe fn start(scan: pg_sys::IndexScanDesc, st: &mut ScanState) {
         if (*scan).numberOfOrderBys == 0 {
             error!("gpu_graph indexes only answer ORDER BY <distance operator> queries");
         }
+        count_scan(index);
         let meta = Meta::read(index);
         if meta.dim == 0 {
             st.done = true; // nothing indexed yet
@@ -151,6 +152,24 @@ unsafe fn start(scan: pg_sys::IndexScanDesc, st: &mut ScanState) {
         }
         st.query = query;
         st.store = Some(store);
+    }
+}
+
+/// pgstat_count_index_scan: one scan of the index in pg_stat_user_indexes'
+/// idx_scan (the executor counts the tuples; the scans are the AM's to count).
+///
+/// # Safety
+/// `index` must be an open index.
+unsafe fn count_scan(index: pg_sys::Relation) {
+    // SAFETY: an open relation's pgstat fields are this backend's.
+    unsafe {
+        let r = &mut *index;
+        if r.pgstat_info.is_null() && r.pgstat_enabled {
+            pg_sys::pgstat_assoc_relation(index);
+        }
+        if !r.pgstat_info.is_null() {
+            (*r.pgstat_info).t_counts.t_numscans += 1;
+        }
     }
 }
 

@@ -256,7 +256,7 @@ fn ring(s: &Shared) -> Ring {
 
 #[pg_extern(sql = "
 CREATE FUNCTION gpu_graph_worker_stats() RETURNS jsonb
-    AS 'MODULE_PATHNAME', 'gpu_graph_worker_stats_wrapper' LANGUAGE C VOLATILE PARALLEL SAFE;
+    AS 'MODULE_PATHNAME', 'gpu_graph_worker_stats_wrapper' LANGUAGE C VOLATILE PARALLEL RESTRICTED;
 COMMENT ON FUNCTION gpu_graph_worker_stats() IS
     'gpu_graph search worker: state, scans served by the worker and by the CPU, CPU fallbacks by reason, timings, resident index copies';
 ")]
@@ -280,10 +280,26 @@ fn gpu_graph_worker_stats() -> JsonB {
             loads,
             mean_load_ms: mean(get(&c.load_us), loads * 1000),
             evictions: get(&c.evictions),
-            indexes: shared().map(|s| s.residents.read().iter().map(ResidentJson::of).collect()).unwrap_or_default(),
+            indexes: shared()
+                .map(|s| s.residents.read().iter().filter(|e| visible(e.db_node)).map(ResidentJson::of).collect())
+                .unwrap_or_default(),
         },
     };
     JsonB(serde_json::to_value(stats).expect("gpu_graph_worker_stats: string keys only"))
+}
+
+/// Whether a resident copy of an index of database `db` is listed for the
+/// current role: those of this database, or all with pg_read_all_stats (as
+/// pg_stat_activity shows other databases' sessions only to such roles).
+/// The counters are the backend's own (PARALLEL RESTRICTED: a parallel
+/// worker's would be another's).
+fn visible(db: u32) -> bool {
+    // SAFETY: plain reads of this backend's globals and a catalog lookup, in
+    // a transaction (a SQL function's call).
+    unsafe {
+        db == pg_sys::MyDatabaseId.to_u32()
+            || pg_sys::has_privs_of_role(pg_sys::GetUserId(), pg_sys::Oid::from(pg_sys::ROLE_PG_READ_ALL_STATS))
+    }
 }
 
 /// The "search" object of gpu_graph_info(index): the worker's state and the

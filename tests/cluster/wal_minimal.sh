@@ -29,7 +29,7 @@ CHECKPOINT;
 SQL
 
 lsn=$(q -c "SELECT pg_current_wal_lsn()")
-notice=$(q -c "SET client_min_messages = notice" -c "SET gpu_graph.build_device = cpu" \
+notice=$(q -c "SET client_min_messages = debug1" -c "SET gpu_graph.build_device = cpu" \
   -c "CREATE INDEX items_idx ON items USING gpu_graph (v) WITH (degree = 16)" 2>&1)
 echo "$notice"
 grep -q "no WAL needed" <<<"$notice" || fail "the build says it logged its pages"

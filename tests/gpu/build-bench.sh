@@ -124,7 +124,7 @@ for storage in $storages; do
   } >/tmp/bench_builds.sql
   nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 100 >/tmp/bench_gpu_mem.log 2>/dev/null &
   smi=$!
-  q -c "SET client_min_messages = notice" -c "SET maintenance_work_mem = '64GB'" \
+  q -c "SET client_min_messages = debug1" -c "SET maintenance_work_mem = '64GB'" \
     -c "SET max_parallel_maintenance_workers = 15" -c "SET gpu_graph.build_device = ${BUILD_DEVICE:-gpu}" \
     -c "SET gpu_graph.build_gpu_memory = ${GPU_MEMORY:-0}" \
     -f /tmp/bench_builds.sql >"$out/builds_${table}_$storage.log" 2>&1 || {
@@ -133,7 +133,7 @@ for storage in $storages; do
     fail "a gpu_graph build failed"
   }
   kill $smi 2>/dev/null || true
-  grep -E "NOTICE|Time|peak" "$out/builds_${table}_$storage.log" | sed 's/^/  /'
+  grep -E "NOTICE|DEBUG:  gpu_graph|Time|peak" "$out/builds_${table}_$storage.log" | sed 's/^/  /'
   echo "  GPU peak memory in use: $(sort -n /tmp/bench_gpu_mem.log | tail -1) MiB (the whole device)"
   echo "  index $(q -c "SELECT pg_size_pretty(pg_relation_size('${table}_gg'))")"
   recall "$table" gpu_graph.ef_search embedding real[]

@@ -28,6 +28,8 @@ struct Info {
     nodes: Nodes,
     out_degree: OutDegree,
     entry_point: Option<u32>,
+    /// inner product's pinned outliers: nodes every search starts from
+    pinned: Vec<u32>,
     generation: u64,
     pages: u32,
     search: SearchInfo,
@@ -198,6 +200,7 @@ fn gpu_graph_info(index: pg_sys::Oid) -> JsonB {
         nodes,
         out_degree,
         entry_point: meta.entry(),
+        pinned: meta.pinned().collect(),
         generation: meta.generation,
         pages,
         search,

@@ -1,12 +1,13 @@
 //! INSERT / COPY / UPDATE after CREATE INDEX (aminsert): the engine's one
 //! insert routine over the index's pages.
 
+use gpu_graph_engine::metric::Metric;
 use gpu_graph_engine::{distance, insert};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 
 use super::options;
-use super::vector::{at_tid, check_dim, check_storage, checked};
+use super::vector::{at_tid, check_dim, check_encodable, check_storage, checked};
 use crate::storage::codec::tid_to_payload;
 use crate::storage::meta::Meta;
 use crate::storage::page_store::PageStore;
@@ -61,8 +62,14 @@ pub unsafe extern "C-unwind" fn aminsert(
         }
         let mut stored = Vec::with_capacity(meta.stored_dim());
         metric.prepare_stored(v, meta.max_norm, &mut stored);
+        check_encodable(meta.element(), &stored);
         let store = PageStore::new(index, &meta);
-        insert::insert(&store, &stored, tid_to_payload(&*heap_tid), insert_ef(meta.degree as usize));
+        let id = insert::insert(&store, &stored, tid_to_payload(&*heap_tid), insert_ef(meta.degree as usize));
+        if metric == Metric::InnerProduct && distance::norm(v) > meta.max_norm {
+            // above M its edges are off: searches start from it while there
+            // is room among the pinned rows (engine::outliers)
+            Meta::update(index, |m| m.pin(id));
+        }
         false
     }
 }

@@ -7,9 +7,9 @@
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
-use gpu_graph_engine::distance;
 use gpu_graph_engine::metric::Metric;
 use gpu_graph_engine::params::BuildParams;
+use gpu_graph_engine::{distance, outliers};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 
@@ -183,20 +183,37 @@ impl Loader {
         }
     }
 
-    /// Inner product: fills the augmentation coordinate now that M is known.
-    pub fn finish(&mut self) -> f32 {
+    /// Inner product: fills the augmentation coordinate now that M is
+    /// known. Returns M and the pinned outliers (rows, that is node ids;
+    /// engine::outliers) with their stored form. In `vectors` a pinned row
+    /// is scaled down to norm M, so the graph is built on finite distances
+    /// with the outlier placed where its direction points; the caller writes
+    /// its true form to its page once the build is done.
+    pub fn finish(&mut self) -> (f32, Vec<(u32, Vec<f32>)>) {
         if self.metric != Metric::InnerProduct || self.payloads.is_empty() {
-            return 0.0;
+            return (0.0, Vec::new());
         }
         use rayon::prelude::*;
         let (d, sd) = (self.dim, self.stored_dim);
-        let max_norm = self.vectors.par_chunks(sd).map(|v| distance::norm(&v[..d])).reduce(|| 0.0, f32::max);
+        let norms: Vec<f32> = self.vectors.par_chunks(sd).map(|v| distance::norm(&v[..d])).collect();
+        let (max_norm, pinned) = outliers::split(&norms);
+        let pinned: Vec<(u32, Vec<f32>)> = pinned
+            .into_iter()
+            .map(|p| {
+                let row = &mut self.vectors[p as usize * sd..(p as usize + 1) * sd];
+                let mut true_form = Vec::with_capacity(sd);
+                Metric::InnerProduct.prepare_stored(&row[..d], max_norm, &mut true_form);
+                let scale = (max_norm as f64 / norms[p as usize] as f64) as f32;
+                row[..d].iter_mut().for_each(|x| *x *= scale);
+                (p, true_form)
+            })
+            .collect();
         self.vectors.par_chunks_mut(sd).for_each(|v| {
             let mut tmp = Vec::with_capacity(sd);
             Metric::InnerProduct.prepare_stored(&v[..d], max_norm, &mut tmp);
             v.copy_from_slice(&tmp);
         });
-        max_norm
+        (max_norm, pinned)
     }
 
     /// Reads the rows of `scan` (a parallel scan's share; null: the whole

@@ -46,6 +46,26 @@ pub unsafe fn checked<'a>(datum: pg_sys::Datum, whence: &dyn Fn() -> String) -> 
     v
 }
 
+/// ERROR unless every value of `stored` (a row's stored form) fits `storage`:
+/// f16 holds magnitudes up to 65504 and would turn larger ones into
+/// infinities, whose distances are NaN.
+pub fn check_encodable(storage: Element, stored: &[f32]) {
+    if storage != Element::F16 {
+        return;
+    }
+    if let Some(x) = stored.iter().copied().find(|x| x.abs() > F16_MAX) {
+        ereport!(
+            ERROR,
+            PgSqlErrorCode::ERRCODE_NUMERIC_VALUE_OUT_OF_RANGE,
+            format!("gpu_graph: {x} is out of range for storage = 'f16' (magnitudes up to {F16_MAX})"),
+            "Use WITH (storage = 'f32') for such values."
+        );
+    }
+}
+
+/// The largest finite f16.
+const F16_MAX: f32 = 65504.0;
+
 /// ERROR unless an index of `storage` takes vectors of `dim` dimensions.
 pub fn check_storage(storage: Element, dim: usize) {
     if dim > storage.max_dim() {

@@ -1,6 +1,7 @@
 //! The meta page (block 0): what the index is and where to start.
 
 use gpu_graph_engine::metric::Metric;
+use gpu_graph_engine::outliers::MAX_PINNED;
 use gpu_graph_engine::params::BuildParams;
 use gpu_graph_engine::NO_NODE;
 use pgrx::pg_sys;
@@ -68,6 +69,8 @@ pub struct Meta {
     pub shard_overlap: f32,
     pub partition_ms: f32,
     pub merge_ms: f32,
+    /// inner product's pinned outliers (engine::outliers), NO_NODE after the last
+    pub pinned: [u32; MAX_PINNED],
 }
 
 impl Meta {
@@ -102,6 +105,7 @@ impl Meta {
             shard_overlap: 0.0,
             partition_ms: 0.0,
             merge_ms: 0.0,
+            pinned: [NO_NODE; MAX_PINNED],
         }
     }
     pub fn metric(&self) -> Metric {
@@ -122,6 +126,26 @@ impl Meta {
     }
     pub fn entry(&self) -> Option<u32> {
         (self.entry != NO_NODE).then_some(self.entry)
+    }
+    pub fn pinned(&self) -> impl Iterator<Item = u32> + '_ {
+        self.pinned.iter().copied().take_while(|&p| p != NO_NODE)
+    }
+    /// Pins `node` if there is room; false when all places are taken.
+    pub fn pin(&mut self, node: u32) -> bool {
+        match self.pinned.iter().position(|&p| p == NO_NODE || p == node) {
+            Some(i) => {
+                self.pinned[i] = node;
+                true
+            }
+            None => false,
+        }
+    }
+    /// Unpins `node` (freed by VACUUM), keeping the rest in order.
+    pub fn unpin(&mut self, node: u32) {
+        if let Some(i) = self.pinned.iter().position(|&p| p == node) {
+            self.pinned.copy_within(i + 1.., i);
+            self.pinned[MAX_PINNED - 1] = NO_NODE;
+        }
     }
     pub fn device_name(&self) -> String {
         let end = self.device_name.iter().position(|&b| b == 0).unwrap_or(self.device_name.len());
@@ -155,6 +179,19 @@ impl Meta {
         unsafe { m.checked(rel) }
     }
 
+    /// Whether a field holds what no gpu_graph write makes.
+    pub fn inconsistent(&self) -> bool {
+        let node = |n: u32| n == NO_NODE || n < self.node_count;
+        Metric::from_code(self.metric).is_none()
+            || !(8..=128).contains(&self.degree)
+            || !matches!(self.element_bytes, 2 | 4)
+            || self.dim as usize > super::layout::Element::F16.max_dim()
+            || !node(self.entry)
+            || !node(self.free_head)
+            || self.free_count > self.node_count
+            || !self.pinned.iter().all(|&p| node(p))
+    }
+
     /// `self`, or an ERROR when it is not a meta page of this format or
     /// holds what no gpu_graph write makes (every later computation trusts
     /// these fields: a degree of 0 would divide by zero in the layout).
@@ -170,15 +207,7 @@ impl Meta {
         if self.version != FORMAT_VERSION {
             pgrx::error!("gpu_graph: the index's meta page is not of format {FORMAT_VERSION}; REINDEX it");
         }
-        let node = |n: u32| n == NO_NODE || n < self.node_count;
-        if Metric::from_code(self.metric).is_none()
-            || !(8..=128).contains(&self.degree)
-            || !matches!(self.element_bytes, 2 | 4)
-            || self.dim as usize > super::layout::Element::F16.max_dim()
-            || !node(self.entry)
-            || !node(self.free_head)
-            || self.free_count > self.node_count
-        {
+        if self.inconsistent() {
             bad(format!(
                 "its meta page is inconsistent (metric {}, degree {}, element bytes {}, dimensions {}, nodes {}, \
                  entry {}, free list {} of {})",

@@ -80,6 +80,8 @@ impl VectorPages {
     fn chunk(&mut self, out: &mut BulkWriter, stored: &[f32], payloads: &[u64], progress: &mut dyn FnMut(u32)) {
         let layout = &self.layout;
         let (first, sd) = (self.written, layout.stored_dim);
+        // here, on rows about to be converted (in cache), not in a pass of its own
+        crate::am::vector::check_encodable(layout.element, stored);
         debug_assert_eq!(layout.graph_block(first as u32), out.next_block(), "chunks are written in node order");
         out.skip(); // the graph page, written once the graph exists
                     // every vector page of the chunk, the last chunk's empty ones too

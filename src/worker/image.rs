@@ -21,7 +21,7 @@
 use std::time::Instant;
 
 use gpu_graph_engine::flat::FlatIndex;
-use gpu_graph_engine::metric::Metric;
+use gpu_graph_engine::NO_NODE;
 use pgrx::pg_sys;
 
 use super::ring::Request;
@@ -130,6 +130,8 @@ pub struct Loader {
     next: u32,
     last: u32,
     image: Option<FlatIndex>,
+    /// inner product's pinned outliers, which every search starts from
+    pinned: Vec<u32>,
 }
 
 pub enum Begin {
@@ -157,9 +159,10 @@ impl Loader {
         };
         // SAFETY: as above; the file has block 0 (open).
         let m: Meta = unsafe { l.read_block(0, |p| p.meta()) };
-        if m.magic != MAGIC || m.version != FORMAT_VERSION || Metric::from_code(m.metric).is_none() {
+        if m.magic != MAGIC || m.version != FORMAT_VERSION || m.inconsistent() {
             return Begin::NotNow;
         }
+        l.pinned = m.pinned().collect();
         l.generation = m.generation;
         let n = if m.dim == 0 { 0 } else { m.node_count as usize };
         l.layout = m.layout();
@@ -213,6 +216,7 @@ impl Loader {
                 next: 1,
                 last: 0,
                 image: None,
+                pinned: Vec::new(),
             };
             let smgr = pg_sys::smgropen(rnode, pg_sys::InvalidBackendId);
             if !pg_sys::smgrexists(smgr, pg_sys::ForkNumber::MAIN_FORKNUM) {
@@ -294,8 +298,23 @@ impl Loader {
     }
 
     /// The finished copy (the lock is released when the loader drops).
+    ///
+    /// The pinned outliers go into the entry point's list of the copy (its
+    /// last places, when it is full): the GPU kernel expands the entry
+    /// first, so every search computes their distances, as the engine's
+    /// search does by seeding them (engine::outliers).
     pub fn take(mut self) -> FlatIndex {
-        self.image.take().expect("a started load has an image")
+        let mut image = self.image.take().expect("a started load has an image");
+        if let (Some(e), false) = (image.graph.entry, self.pinned.is_empty()) {
+            let d = image.graph.degree;
+            let list = &mut image.graph.adjacency[e as usize * d..(e as usize + 1) * d];
+            let missing: Vec<u32> =
+                self.pinned.iter().copied().filter(|p| *p != e && !list.contains(p)).take(d / 2).collect();
+            let used = list.iter().position(|&u| u == NO_NODE).unwrap_or(d);
+            let at = used.min(d - missing.len());
+            list[at..at + missing.len()].copy_from_slice(&missing);
+        }
+        image
     }
 }
 

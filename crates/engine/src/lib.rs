@@ -20,6 +20,7 @@ pub mod memory;
 pub mod merge;
 pub mod metric;
 pub mod node;
+pub mod outliers;
 pub mod params;
 pub mod partition;
 pub mod prune;

@@ -9,9 +9,10 @@
 //! - Inner product: stored = the raw vector plus one coordinate
 //!   sqrt(M² − |x|²) (M: the largest norm at build time), the standard
 //!   MIPS-to-L2 reduction: for a query with a 0 there, squared L2 is
-//!   |q|² + M² − 2⟨q,x⟩, which orders as −⟨q,x⟩. A row inserted later with a
-//!   norm above M gets 0 there (its edges are slightly off; answers stay exact
-//!   because the search ranks by −⟨q,x⟩ itself).
+//!   |q|² + M² − 2⟨q,x⟩, which orders as −⟨q,x⟩. A row with a norm above M
+//!   (a pinned outlier, see [`crate::outliers`], or a row inserted later) gets
+//!   0 there (its edges are off; answers stay exact because the search ranks
+//!   by −⟨q,x⟩ itself, and pinned rows are searched from).
 //!
 //! The search ranks by [`Metric::search_distance`], monotone with the SQL
 //! operator, and [`Metric::to_sql`] turns that into the operator's value.

@@ -95,6 +95,11 @@ impl Search {
         if let Some(e) = store.entry() {
             s.discover(store, e);
         }
+        let mut seeds = Vec::new();
+        store.seeds(&mut seeds);
+        for node in seeds {
+            s.discover(store, node);
+        }
         s
     }
 

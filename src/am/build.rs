@@ -8,16 +8,18 @@
 
 use std::time::Instant;
 
+use gpu_graph_engine::merge;
 use gpu_graph_engine::params::BuildParams;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 
 use super::construct::{construct, Constructed, Device};
 use super::loader::Loader;
-use super::vector::check_storage;
+use super::vector::{check_encodable, check_storage};
 use super::{options, parallel_scan};
 use crate::storage::bulk::BulkWriter;
 use crate::storage::meta::{Meta, PHASES};
+use crate::storage::page_store::PageStore;
 use crate::storage::writer::{self, VectorPages};
 
 const PHASE_LOAD: i64 = 2;
@@ -224,12 +226,16 @@ pub unsafe extern "C-unwind" fn ambuild(
     // SAFETY: ambuild's own arguments.
     let scanned = unsafe { parallel_scan::scan(heap, index, index_info, metric, &params, stream) };
     let mut loader = scanned.loader;
-    let max_norm = loader.finish();
+    let (max_norm, pinned) = loader.finish();
     let load_ms = ms(t);
 
     let n = loader.payloads.len();
     meta.dim = loader.dim as u32;
     meta.max_norm = max_norm;
+    for (p, stored) in &pinned {
+        check_encodable(meta.element(), stored);
+        meta.pin(*p);
+    }
     meta.node_count = n as u32;
     meta.built_rows = n as u64;
     let layout = meta.layout();
@@ -238,7 +244,7 @@ pub unsafe extern "C-unwind" fn ambuild(
     // the rest of the vector pages need no graph: they are written while a
     // GPU builds it
     let mut vector_ms = streamed_ms;
-    let built = construct(&loader.vectors, loader.stored_dim.max(1), n, &params, knn, &mut || {
+    let mut built = construct(&loader.vectors, loader.stored_dim.max(1), n, &params, knn, &mut || {
         report(pg_sys::PROGRESS_CREATEIDX_SUBPHASE, PHASE_VECTORS);
         report(pg_sys::PROGRESS_CREATEIDX_TUPLES_TOTAL, n as i64);
         let t = Instant::now();
@@ -251,6 +257,12 @@ pub unsafe extern "C-unwind" fn ambuild(
         report(pg_sys::PROGRESS_CREATEIDX_TUPLES_DONE, 0);
     });
     let vector_bytes = out.bytes;
+    if built.shards.is_none() {
+        // (a sharded build's merge did this already)
+        let t = Instant::now();
+        merge::ensure_reachable(&mut built.graph, &loader.vectors, loader.stored_dim.max(1));
+        built.construct_ms += ms(t);
+    }
 
     report(pg_sys::PROGRESS_CREATEIDX_SUBPHASE, PHASE_GRAPH);
     let t = Instant::now();
@@ -263,6 +275,14 @@ pub unsafe extern "C-unwind" fn ambuild(
         streamed_ms,
     };
     out.finish();
+    // the pinned outliers' true coordinates (the build saw them scaled to M)
+    if !pinned.is_empty() {
+        // SAFETY: the index is open and whole from here on.
+        let store = unsafe { PageStore::new(index, &meta) };
+        for (node, stored) in &pinned {
+            store.put_vector(*node, stored);
+        }
+    }
     let graph_ms = ms(t);
 
     let timings = [load_ms, built.upload_ms, built.construct_ms, built.download_ms, vector_ms, graph_ms];

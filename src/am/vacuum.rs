@@ -1,10 +1,12 @@
 //! VACUUM: ambulkdelete marks the nodes of dead heap TIDs deleted (so no scan
 //! can return them from then on, before the heap reuses those TIDs), then the
-//! engine's repair reconnects the lists that pointed at them and frees them
-//! for reuse; amvacuumcleanup reports statistics.
+//! engine's repair reconnects the lists that pointed at them (on all cores
+//! from a copy of the graph when it fits in maintenance_work_mem) and frees
+//! them for reuse; amvacuumcleanup reports statistics.
 
+use gpu_graph_engine::flat::FlatIndex;
 use gpu_graph_engine::repair;
-use gpu_graph_engine::store::{GraphMut, GraphView};
+use gpu_graph_engine::store::GraphView;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 
@@ -42,6 +44,7 @@ pub unsafe extern "C-unwind" fn ambulkdelete(
         let callback = callback.expect("ambulkdelete without a callback");
         let store = PageStore::new(index, &meta);
         let mut deleted = Vec::new();
+        let mut dead = Vec::new();
         let mut removed = 0.0;
         for node in 0..store.node_count() {
             if node % 1024 == 0 {
@@ -54,16 +57,47 @@ pub unsafe extern "C-unwind" fn ambulkdelete(
             }
             let mut tid = payload_to_tid(v.payload);
             if callback(&mut tid, callback_state) {
-                store.mark_deleted(node);
-                deleted.push(node);
+                dead.push(node);
                 removed += 1.0;
             }
         }
+        // one record per vector page; the heap reuses none of these TIDs
+        // before this VACUUM is done with every index
+        store.mark_deleted_many(&dead);
+        deleted.extend(dead);
+        deleted.sort_unstable();
         (*stats).tuples_removed += removed;
         if !deleted.is_empty() {
-            repair::repair(&store, &deleted);
+            repair_deleted(&store, &meta, &deleted);
         }
         stats
+    }
+}
+
+/// Lists rebuilt per batch of [`repair::repair_from`]: a cancel waits for at
+/// most one batch.
+const REPAIR_BATCH: usize = 16_384;
+
+/// The engine's repair of the lists that named `deleted`: computed on all
+/// cores from an in-memory copy of the graph where that copy fits in
+/// maintenance_work_mem, else list by list through the buffers.
+fn repair_deleted(store: &PageStore, meta: &Meta, deleted: &[u32]) {
+    let n = store.node_count() as usize;
+    let bytes = FlatIndex::bytes_for(n, store.layout.stored_dim, store.layout.degree);
+    // SAFETY: a plain read of this backend's setting (kB).
+    let budget = unsafe { pg_sys::maintenance_work_mem } as usize * 1024;
+    let copy = (bytes <= budget).then(|| FlatIndex::snapshot(meta.metric(), store)).flatten();
+    match copy {
+        Some(copy) => {
+            repair::repair_from(store, &copy, deleted, REPAIR_BATCH, &mut || {
+                pg_sys::check_for_interrupts!();
+                // SAFETY: VACUUM's own process, between batches.
+                unsafe { pg_sys::vacuum_delay_point() };
+            });
+        }
+        None => {
+            repair::repair(store, deleted);
+        }
     }
 }
 

@@ -169,24 +169,28 @@ unsafe fn check(rel: pg_sys::Relation, meta: &Meta, heap: &PgRelation) -> Proble
         }
     }
 
-    // reachability of live nodes from the entry point
+    // reachability of live nodes from the entry point (and the pinned
+    // outliers, which every search starts from too)
     let live = |u: u32| matches!(slots[u as usize], Slot::Live(_));
     let mut reached = vec![false; n as usize];
-    match meta.entry() {
-        Some(e) if !live(e) => p.add(0, Some(e), "the entry point is not a live node".into()),
-        Some(e) => {
-            let mut queue = VecDeque::from([e]);
-            reached[e as usize] = true;
-            while let Some(x) = queue.pop_front() {
-                for &u in &lists[x as usize] {
-                    if !reached[u as usize] {
-                        reached[u as usize] = true;
-                        queue.push_back(u);
-                    }
-                }
+    let mut queue = VecDeque::new();
+    for (u, what) in
+        meta.entry().map(|e| (e, "the entry point")).into_iter().chain(meta.pinned().map(|u| (u, "a pinned outlier")))
+    {
+        if !live(u) {
+            p.add(0, Some(u), format!("{what} is not a live node"));
+        } else if !reached[u as usize] {
+            reached[u as usize] = true;
+            queue.push_back(u);
+        }
+    }
+    while let Some(x) = queue.pop_front() {
+        for &u in &lists[x as usize] {
+            if !reached[u as usize] {
+                reached[u as usize] = true;
+                queue.push_back(u);
             }
         }
-        None => {}
     }
     let unreachable: Vec<u32> = (0..n).filter(|&u| live(u) && !reached[u as usize]).collect();
     for &u in unreachable.iter().take(20) {

@@ -112,6 +112,10 @@ impl GraphView for PageStore {
         // SAFETY: as in node_count.
         unsafe { Meta::read(self.rel).entry() }
     }
+    fn seeds(&self, out: &mut Vec<u32>) {
+        // SAFETY: as in node_count.
+        out.extend(unsafe { Meta::read(self.rel).pinned() });
+    }
     fn visit<F: FnOnce(&[f32]) -> f32>(&self, node: u32, dist: F) -> Option<Visit> {
         // SAFETY: `rel` is open (PageStore::new's contract); the view lives
         // under the share lock of `b`, and this process does not write the
@@ -212,36 +216,136 @@ impl GraphMut for PageStore {
         self.set_flags(node, |f| f | FLAG_DELETED);
     }
 
+    fn replace_many_if(&self, changes: &[(u32, Vec<u32>, Vec<u32>)]) -> Vec<bool> {
+        let mut written = Vec::with_capacity(changes.len());
+        // one record per graph page: VACUUM rewrites tens of thousands of
+        // lists, and a record per list cost more than computing them
+        for group in changes.chunk_by(|a, b| self.layout.graph_block(a.0) == self.layout.graph_block(b.0)) {
+            // SAFETY: as in update_neighbors; the lists are compared under
+            // the exclusive lock and changed through the record's copy.
+            unsafe {
+                let b = Locked::read(self.rel, self.layout.graph_block(group[0].0), true);
+                let same: Vec<bool> = group
+                    .iter()
+                    .map(|(v, read, _)| b.page().neighbors(&self.layout, *v).eq(read.iter().copied()))
+                    .collect();
+                if same.iter().any(|&s| s) {
+                    let mut x = Xlog::start(self.rel);
+                    let mut page = x.register(&b, false);
+                    for ((v, _, new), &s) in group.iter().zip(&same) {
+                        if s {
+                            page.put_list(&self.layout, *v, &new[..new.len().min(self.layout.degree)]);
+                        }
+                    }
+                    x.finish();
+                }
+                written.extend(same);
+            }
+        }
+        written
+    }
+
+    fn free_many(&self, nodes: &[u32]) {
+        // the lists, one record per graph page
+        let cleared: Vec<(u32, Vec<u32>, Vec<u32>)> = nodes
+            .iter()
+            .map(|&n| {
+                let mut list = Vec::new();
+                self.neighbors(n, &mut list);
+                (n, list, Vec::new())
+            })
+            .collect();
+        for ((n, _, _), ok) in cleared.iter().zip(self.replace_many_if(&cleared)) {
+            if !ok {
+                self.update_neighbors(*n, &mut |l| {
+                    l.clear();
+                    true
+                });
+            }
+        }
+        // the chain, one record per vector page (with the meta page)
+        for group in nodes.chunk_by(|a, b| self.layout.vector_block(*a) == self.layout.vector_block(*b)) {
+            self.chain_free(group);
+        }
+    }
+
     fn free(&self, node: u32) {
         self.update_neighbors(node, &mut |l| {
             l.clear();
             true
         });
-        // SAFETY: `rel` is an open gpu_graph index (PageStore::new's
-        // contract). The meta page, then the slot's vector page, are locked
-        // exclusively (the order every path takes) and both changed in one
-        // record, so the chain and the flags never disagree, after a crash
-        // too.
+        self.chain_free(&[node]);
+    }
+}
+
+impl PageStore {
+    /// Flags `nodes` (all on one vector page, lists already empty) free and
+    /// puts them on the free list: the meta page, then the vector page, are
+    /// locked exclusively (the order every path takes) and both changed in
+    /// one record, so the chain and the flags never disagree, after a crash
+    /// too.
+    fn chain_free(&self, nodes: &[u32]) {
+        let Some(&first) = nodes.first() else { return };
+        // SAFETY: `rel` is an open gpu_graph index (PageStore::new's contract).
         unsafe {
             let mb = Locked::read(self.rel, 0, true);
             let mut m = mb.page().meta().checked(self.rel);
-            let vb = Locked::read(self.rel, self.layout.vector_block(node), true);
-            if vb.page().tuple(&self.layout, node).header.flags & FLAG_FREE != 0 {
+            let vb = Locked::read(self.rel, self.layout.vector_block(first), true);
+            let fresh: Vec<u32> = nodes
+                .iter()
+                .copied()
+                .filter(|&n| vb.page().tuple(&self.layout, n).header.flags & FLAG_FREE == 0)
+                .collect();
+            if fresh.is_empty() {
                 return; // freed already
             }
-            let next = m.free_head;
-            m.free_head = node;
-            m.free_count += 1;
-            m.generation += 1;
             let mut x = Xlog::start(self.rel);
+            {
+                let mut page = x.register(&vb, false);
+                for &n in &fresh {
+                    page.put_header(&self.layout, n, m.free_head as u64, FLAG_FREE);
+                    m.unpin(n);
+                    m.free_head = n;
+                    m.free_count += 1;
+                }
+            }
+            m.generation += 1;
             x.register(&mb, false).put_meta(&m);
-            x.register(&vb, false).put_header(&self.layout, node, next as u64, FLAG_FREE);
             x.finish();
+        }
+    }
+
+    /// Marks `nodes` (in node order) deleted, one record per vector page.
+    pub fn mark_deleted_many(&self, nodes: &[u32]) {
+        for group in nodes.chunk_by(|a, b| self.layout.vector_block(*a) == self.layout.vector_block(*b)) {
+            // SAFETY: as in set_flags.
+            unsafe {
+                let b = Locked::read(self.rel, self.layout.vector_block(group[0]), true);
+                let mut x = Xlog::start(self.rel);
+                let mut page = x.register(&b, false);
+                for &n in group {
+                    page.set_flags(&self.layout, n, |f| f | FLAG_DELETED);
+                }
+                x.finish();
+            }
         }
     }
 }
 
 impl PageStore {
+    /// Rewrites a node's stored vector in place (payload and flags stay).
+    pub fn put_vector(&self, node: u32, stored: &[f32]) {
+        assert_eq!(stored.len(), self.layout.stored_dim);
+        // SAFETY: as in set_flags.
+        unsafe {
+            let b = Locked::read(self.rel, self.layout.vector_block(node), true);
+            let h = b.page().tuple(&self.layout, node).header;
+            let mut x = Xlog::start(self.rel);
+            x.register(&b, false).put_tuple(&self.layout, node, h.payload(), h.flags, stored);
+            x.finish();
+        }
+    }
+
     /// Takes the free list's first slot for a new node, or None when the list
     /// is empty. The chain's next id is read from the slot, and the meta page
     /// and the slot's new tuple are written in one record (see `free`).

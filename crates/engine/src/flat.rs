@@ -52,6 +52,27 @@ impl FlatIndex {
         })
     }
 
+    /// A copy of `store`'s vectors, flags and lists (VACUUM's repair reads
+    /// it on all cores); None when the memory cannot be had.
+    pub fn snapshot<G: GraphView>(metric: Metric, store: &G) -> Option<FlatIndex> {
+        let (sd, degree, n) = (store.stored_dim(), store.degree(), store.node_count() as usize);
+        let mut ix = FlatIndex::try_free(metric, sd, degree, n, store.entry())?;
+        let mut list = Vec::new();
+        for node in 0..n {
+            let row = &mut ix.vectors[node * sd..(node + 1) * sd];
+            let Some(v) = store.visit(node as u32, |x| {
+                row.copy_from_slice(x);
+                0.0
+            }) else {
+                continue; // a free slot stays FREE
+            };
+            ix.flags[node] = if v.deleted { node::DELETED } else { node::LIVE };
+            store.neighbors(node as u32, &mut list);
+            ix.graph.adjacency[node * degree..node * degree + list.len()].copy_from_slice(&list);
+        }
+        Some(ix)
+    }
+
     /// Host bytes of an index of `n` nodes.
     pub fn bytes_for(n: usize, stored_dim: usize, degree: usize) -> usize {
         n * (4 * stored_dim + 4 * degree + 1)

@@ -82,11 +82,18 @@ pub fn merge(
         .collect();
     drop(homes);
     let mut graph = rnn_descent::refine(vectors, dim, params, lists, REFINE.0, REFINE.1, progress)?;
-    let repaired = match graph.entry {
-        Some(entry) => connect(&mut graph, entry, vectors, dim),
-        None => 0,
-    };
+    let repaired = ensure_reachable(&mut graph, vectors, dim);
     Some((graph, repaired))
+}
+
+/// Makes every node reachable from the graph's entry point ([`connect`]);
+/// the nodes linked. A built RNG graph can leave a few nodes that no list
+/// names (a search's final sweep still finds them, but no walk does).
+pub fn ensure_reachable(graph: &mut Graph, vectors: &[f32], dim: usize) -> usize {
+    match graph.entry {
+        Some(entry) => connect(graph, entry, vectors, dim),
+        None => 0,
+    }
 }
 
 /// Links every node unreachable from `entry` to a reached one: the nearest

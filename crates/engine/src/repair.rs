@@ -1,10 +1,15 @@
 //! Removing deleted nodes from the graph (VACUUM) without losing recall.
 //!
-//! Sequential on purpose: the PostgreSQL store is driven by one VACUUM
-//! process, and it is fast enough (a fifth of 20k SIFT rows deleted: 0.33 s
-//! for 14.5k rebuilt lists). Lists are rewritten the way insert does
-//! (computed from a snapshot, written only if unchanged), so concurrent
-//! inserts and searches stay safe.
+//! Two ways, one rule: [`repair`] rebuilds list after list through the store;
+//! [`repair_from`] computes every new list on all cores from an in-memory
+//! snapshot of the graph, then writes them through the store. Through
+//! PostgreSQL's buffers the first took 29-40 s for a third of 100k rows
+//! (every candidate's vector read under a buffer lock, on one core), ten
+//! times a rebuild. Either way a list is written only if it still equals
+//! what it was computed from (else computed again from the store), so
+//! concurrent inserts and searches stay safe.
+
+use rayon::prelude::*;
 
 use crate::candidates::Candidates;
 use crate::idset::IdSet;
@@ -38,14 +43,80 @@ pub fn repair<G: GraphMut>(store: &G, deleted: &[u32]) -> RepairStats {
             stats.repaired += 1;
         }
     }
-    move_entry(store, &dead);
-    for &d in &dead {
-        // count only nodes this call frees (a free slot visits as None)
-        if store.visit(d, |_| 0.0).is_some_and(|v| v.deleted) {
-            store.free(d);
-            stats.freed += 1;
+    finish(store, &dead, stats)
+}
+
+/// [`repair`] with every new list computed on all cores from `snapshot` (a
+/// copy of `store`'s graph taken after the deleted nodes were marked),
+/// `batch` lists at a time with `between_batches` called between (where a
+/// caller checks for a cancel). Nodes added to `store` after the snapshot
+/// are repaired from the store itself.
+pub fn repair_from<G: GraphMut, S: GraphView + Sync>(
+    store: &G,
+    snapshot: &S,
+    deleted: &[u32],
+    batch: usize,
+    between_batches: &mut dyn FnMut(),
+) -> RepairStats {
+    let dead: IdSet = deleted.iter().copied().collect();
+    let degree = snapshot.degree();
+    let mut stats = RepairStats::default();
+    let n = snapshot.node_count();
+    for start in (0..n).step_by(batch.max(1)) {
+        between_batches();
+        let end = (start + batch as u32).min(n);
+        let plans: Vec<(u32, Vec<u32>, Vec<u32>)> = (start..end)
+            .into_par_iter()
+            .filter_map(|v| {
+                if dead.contains(&v) {
+                    return None;
+                }
+                let mut current = Vec::new();
+                snapshot.neighbors(v, &mut current);
+                if !current.iter().any(|u| dead.contains(u)) {
+                    return None;
+                }
+                let mut own = Vec::new();
+                snapshot.visit(v, |x| {
+                    own.extend_from_slice(x);
+                    0.0
+                })?;
+                let ids = candidates(snapshot, v, &current, &dead);
+                let list = Candidates::collect_nearest(snapshot, &own, ids, CANDIDATE_FACTOR * degree)
+                    .prune(CANDIDATE_FACTOR * degree, degree)
+                    .iter()
+                    .map(|k| k.0)
+                    .collect();
+                Some((v, current, list))
+            })
+            .collect();
+        let written = store.replace_many_if(&plans);
+        for ((v, _, _), ok) in plans.iter().zip(written) {
+            if ok || rebuild(store, *v, &dead) {
+                stats.repaired += 1;
+            }
         }
     }
+    // inserted meanwhile: from the store, as [`repair`] does
+    let mut list = Vec::new();
+    for v in n..store.node_count() {
+        store.neighbors(v, &mut list);
+        if !dead.contains(&v) && list.iter().any(|u| dead.contains(u)) && rebuild(store, v, &dead) {
+            stats.repaired += 1;
+        }
+    }
+    finish(store, &dead, stats)
+}
+
+/// Moves the entry point off the dead nodes and frees them.
+fn finish<G: GraphMut>(store: &G, dead: &IdSet, mut stats: RepairStats) -> RepairStats {
+    move_entry(store, dead);
+    // only nodes this call frees (a free slot visits as None)
+    let mut free: Vec<u32> =
+        dead.iter().copied().filter(|&d| store.visit(d, |_| 0.0).is_some_and(|v| v.deleted)).collect();
+    free.sort_unstable();
+    store.free_many(&free);
+    stats.freed = free.len() as u64;
     stats
 }
 
@@ -69,7 +140,7 @@ fn rebuild<G: GraphMut>(store: &G, v: u32, dead: &IdSet) -> bool {
             _ => return false,
         }
         let ids = candidates(store, v, &current, dead);
-        let list: Vec<u32> = Candidates::collect(store, &own, ids)
+        let list: Vec<u32> = Candidates::collect_nearest(store, &own, ids, CANDIDATE_FACTOR * degree)
             .prune(CANDIDATE_FACTOR * degree, degree)
             .iter()
             .map(|k| k.0)
@@ -88,6 +159,7 @@ fn rebuild<G: GraphMut>(store: &G, v: u32, dead: &IdSet) -> bool {
 /// recall a delete costs; more steps cost time and buy nothing (measured in
 /// docs/benchmarks.md, "VACUUM's repair").
 fn candidates<G: GraphView>(store: &G, v: u32, list: &[u32], dead: &IdSet) -> Vec<u32> {
+    let limit = MAX_CANDIDATES * store.degree();
     let mut seen = IdSet::default();
     seen.insert(v);
     let mut out = Vec::new();
@@ -103,8 +175,11 @@ fn candidates<G: GraphView>(store: &G, v: u32, list: &[u32], dead: &IdSet) -> Ve
             }
         }
     }
-    for _ in 0..CHAIN_STEPS {
+    'chains: for _ in 0..CHAIN_STEPS {
         for &d in &frontier {
+            if out.len() >= limit {
+                break 'chains;
+            }
             store.neighbors(d, &mut buf);
             for &w in &buf {
                 if seen.insert(w) {
@@ -124,6 +199,13 @@ fn candidates<G: GraphView>(store: &G, v: u32, list: &[u32], dead: &IdSet) -> Ve
 
 /// How far [`candidates`] follows chains of deleted nodes.
 const CHAIN_STEPS: usize = 2;
+
+/// [`candidates`] stops following chains at this many times the degree
+/// (the nearest deleted neighbours' first, as lists are nearest first).
+/// With a third of the rows deleted the chains reached thousands of
+/// candidates a list, whose distances were most of VACUUM's time, for the
+/// prune to keep a few of the nearest 64.
+const MAX_CANDIDATES: usize = 8;
 
 /// Moves the entry point off a deleted node: to the live node nearest it
 /// within two steps (so the entry stays central), else any live node.

@@ -21,6 +21,9 @@ pub trait GraphView {
     /// Ids below this may exist; some may be free.
     fn node_count(&self) -> u32;
     fn entry(&self) -> Option<u32>;
+    /// Nodes every search starts from besides the entry point: inner
+    /// product's pinned outliers ([`crate::outliers`]).
+    fn seeds(&self, _out: &mut Vec<u32>) {}
     /// Applies `dist` to the node's stored vector, read together with its
     /// payload and deleted flag (one consistent read). `None` for a free slot.
     fn visit<F: FnOnce(&[f32]) -> f32>(&self, node: u32, dist: F) -> Option<Visit>;
@@ -60,4 +63,16 @@ pub trait GraphMut: GraphView {
     fn mark_deleted(&self, node: u32);
     /// Makes a deleted node's slot free for reuse (its list is emptied).
     fn free(&self, node: u32);
+    /// [`GraphMut::replace_neighbors_if`] for many lists at once, in node
+    /// order (a store may write the lists of one page in one step); which
+    /// were written.
+    fn replace_many_if(&self, changes: &[(u32, Vec<u32>, Vec<u32>)]) -> Vec<bool> {
+        changes.iter().map(|(v, read, new)| self.replace_neighbors_if(*v, read, new)).collect()
+    }
+    /// [`GraphMut::free`] for many deleted nodes, in node order.
+    fn free_many(&self, nodes: &[u32]) {
+        for &n in nodes {
+            self.free(n);
+        }
+    }
 }

@@ -4,12 +4,13 @@ mod common;
 
 use common::*;
 use gpu_graph_engine::dataset::Matrix;
+use gpu_graph_engine::flat::FlatIndex;
 use gpu_graph_engine::idset::IdSet;
 use gpu_graph_engine::insert::insert;
 use gpu_graph_engine::metric::Metric;
 use gpu_graph_engine::params::BuildParams;
 use gpu_graph_engine::recall::exact_knn;
-use gpu_graph_engine::repair::repair;
+use gpu_graph_engine::repair::{repair, repair_from};
 use gpu_graph_engine::search::search;
 use gpu_graph_engine::store::{GraphMut, GraphView};
 
@@ -34,7 +35,23 @@ fn delete_the_fifth_nearest_one_point() {
     delete_and_repair(&base, &queries, near[0].iter().map(|x| x.0).collect());
 }
 
-fn delete_and_repair(base: &Matrix<f32>, queries: &Matrix<f32>, mut dead: IdSet) {
+/// The same with the lists computed on all cores from a snapshot.
+#[test]
+fn delete_a_random_fifth_from_a_snapshot() {
+    let (base, queries) = sift(N);
+    let mut rng = Rng(0x0dd5);
+    let mut dead = IdSet::default();
+    while dead.len() < N / 5 {
+        dead.insert(rng.below(N) as u32);
+    }
+    delete_and_repair_with(&base, &queries, dead, true);
+}
+
+fn delete_and_repair(base: &Matrix<f32>, queries: &Matrix<f32>, dead: IdSet) {
+    delete_and_repair_with(base, queries, dead, false);
+}
+
+fn delete_and_repair_with(base: &Matrix<f32>, queries: &Matrix<f32>, mut dead: IdSet, snapshot: bool) {
     let n = base.len();
     let store = build_store(Metric::L2, base, &BuildParams::default());
     // the entry point goes too, so repair has to move it
@@ -44,7 +61,15 @@ fn delete_and_repair(base: &Matrix<f32>, queries: &Matrix<f32>, mut dead: IdSet)
     for &d in &deleted {
         store.mark_deleted(d);
     }
-    let stats = repair(&store, &deleted);
+    let stats = if snapshot {
+        let copy = FlatIndex::snapshot(Metric::L2, &store).unwrap();
+        let mut batches = 0;
+        let stats = repair_from(&store, &copy, &deleted, 4096, &mut || batches += 1);
+        assert_eq!(batches, N.div_ceil(4096));
+        stats
+    } else {
+        repair(&store, &deleted)
+    };
     println!("{stats:?}");
     assert_eq!(stats.freed as usize, deleted.len());
     assert!(stats.repaired > 0);

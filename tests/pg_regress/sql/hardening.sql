@@ -52,6 +52,32 @@ SELECT id FROM extreme ORDER BY v <=> '{1,1}' LIMIT 1;
 SELECT id FROM extreme ORDER BY v <=> '{-1,-1}' LIMIT 1;
 SELECT id FROM extreme ORDER BY v <=> '{0,1}' LIMIT 1;
 
+-- 5. one outlier of norm 1e20 in an inner-product index: pinned (M is the
+--    largest norm of the others) and searched from, so recall holds
+CREATE TABLE mips (id int, v real[]);
+INSERT INTO mips SELECT i, (SELECT array_agg(sin(i * 0.618 + j * 1.7) * (1 + (i % 10) / 10.0))
+                              FROM generate_series(1, 16) j)::real[]
+  FROM generate_series(1, 20000) i;
+INSERT INTO mips SELECT 0, array_fill(0::real, ARRAY[16]) || '{}'::real[];
+UPDATE mips SET v[1] = 1e20, v[2] = 1e19 WHERE id = 0;
+CREATE TABLE mips_q AS SELECT q, (SELECT array_agg(cos(q * 0.37 + j * 0.9)) FROM generate_series(1, 16) j)::real[] AS v
+  FROM generate_series(1, 50) q;
+SET enable_indexscan = off;
+CREATE TABLE mips_truth AS SELECT q.q, (SELECT array_agg(id) FROM (SELECT id FROM mips ORDER BY v <#> q.v LIMIT 10) s) AS ids
+  FROM mips_q q;
+RESET enable_indexscan;
+SELECT count(*) FILTER (WHERE 0 = ids[1]) AS queries_whose_top_is_the_outlier FROM mips_truth;
+CREATE INDEX mips_idx ON mips USING gpu_graph (v real_ip_ops) WITH (storage = 'f32');
+SELECT jsonb_array_length(gpu_graph_info('mips_idx')->'pinned') AS pinned;
+SET gpu_graph.ef_search = 40;
+SELECT avg((SELECT count(*) FROM unnest(t.ids) x WHERE x IN (
+         SELECT id FROM mips ORDER BY v <#> (SELECT v FROM mips_q WHERE q = t.q) LIMIT 10))) / 10 >= 0.95 AS recall_at_least_095
+  FROM mips_truth t;
+RESET gpu_graph.ef_search;
+-- f16 cannot hold it: a clear ERROR, not infinities
+CREATE INDEX ON mips USING gpu_graph (v real_ip_ops);
+CREATE INDEX ON mips USING gpu_graph (v);
+
 -- 6. index scans are counted in pg_stat_user_indexes.idx_scan
 SELECT pg_stat_force_next_flush();
 SELECT idx_scan AS scans_before FROM pg_stat_user_indexes WHERE indexrelid = 'ties_idx'::regclass \gset

@@ -10,7 +10,7 @@
 #    within 0.01 of each other at equal ef (engine search), the exact k-NN
 #    graph equals brute force, a cancelled GPU build frees its memory; the
 #    same parity check on a 10k-row prefix of minilm384 when staged;
-# 3. through SQL: CREATE INDEX builds on the GPU (the NOTICE and
+# 3. through SQL: CREATE INDEX builds on the GPU (its DEBUG1 report and
 #    gpu_graph_info say so, with the time of each phase) and the index
 #    answers with recall@10 of at least 0.95 at ef_search 20;
 #    with gpu_graph.build_gpu_memory at a quarter of what that build needs,

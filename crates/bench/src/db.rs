@@ -135,9 +135,13 @@ pub fn build(
     let with = options.map(|o| format!(" WITH ({o})")).unwrap_or_default();
     let sql = format!("CREATE INDEX {index} ON {table} USING gpu_graph (embedding {opclass}){with}");
     println!("{sql}");
+    // the build's report (device, phase times) is a DEBUG1 message
+    exec(c, "SET client_min_messages = debug1")?;
     let t = Instant::now();
-    exec(c, &sql)?;
-    Ok(t.elapsed())
+    let built = exec(c, &sql);
+    let took = t.elapsed();
+    exec(c, QUIET_OFF)?;
+    built.map(|_| took)
 }
 
 /// Sets gpu_graph.ef_search (None: the server's default) and returns the value

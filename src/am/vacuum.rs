@@ -11,6 +11,7 @@ use pgrx::pg_sys;
 use pgrx::prelude::*;
 
 use crate::storage::codec::payload_to_tid;
+use crate::storage::layout::{FLAG_DELETED, FLAG_FREE};
 use crate::storage::meta::Meta;
 use crate::storage::page_store::PageStore;
 
@@ -46,20 +47,22 @@ pub unsafe extern "C-unwind" fn ambulkdelete(
         let mut deleted = Vec::new();
         let mut dead = Vec::new();
         let mut removed = 0.0;
-        for node in 0..store.node_count() {
-            if node % 1024 == 0 {
-                pg_sys::vacuum_delay_point();
-            }
-            let Some(v) = store.visit(node, |_| 0.0) else { continue };
-            if v.deleted {
-                deleted.push(node); // left by an interrupted VACUUM: repair it now
-                continue;
-            }
-            let mut tid = payload_to_tid(v.payload);
-            if callback(&mut tid, callback_state) {
-                dead.push(node);
-                removed += 1.0;
-            }
+        let n = store.node_count();
+        // page by page; the callback only looks the TID up in VACUUM's list
+        for start in (0..n).step_by(8192) {
+            pg_sys::vacuum_delay_point();
+            store.for_each_header(start..(start + 8192).min(n), &mut |node, h| {
+                if h.flags & FLAG_FREE != 0 {
+                } else if h.flags & FLAG_DELETED != 0 {
+                    deleted.push(node); // left by an interrupted VACUUM: repair it now
+                } else {
+                    let mut tid = payload_to_tid(h.payload());
+                    if callback(&mut tid, callback_state) {
+                        dead.push(node);
+                        removed += 1.0;
+                    }
+                }
+            });
         }
         // one record per vector page; the heap reuses none of these TIDs
         // before this VACUUM is done with every index
@@ -86,7 +89,7 @@ fn repair_deleted(store: &PageStore, meta: &Meta, deleted: &[u32]) {
     let bytes = FlatIndex::bytes_for(n, store.layout.stored_dim, store.layout.degree);
     // SAFETY: a plain read of this backend's setting (kB).
     let budget = unsafe { pg_sys::maintenance_work_mem } as usize * 1024;
-    let copy = (bytes <= budget).then(|| FlatIndex::snapshot(meta.metric(), store)).flatten();
+    let copy = (bytes <= budget).then(|| store.snapshot(meta.metric())).flatten();
     match copy {
         Some(copy) => {
             repair::repair_from(store, &copy, deleted, REPAIR_BATCH, &mut || {
@@ -114,19 +117,12 @@ pub unsafe extern "C-unwind" fn amvacuumcleanup(
         }
         let stats = stats_or_new(stats);
         let index = (*info).index;
+        // from the meta page, not a pass over every node (which every VACUUM
+        // of the table paid, deletes or not): after ambulkdelete's repair
+        // no deleted node is left, so the allocated nodes less the free ones
+        // are the live ones (an estimate only if a VACUUM was interrupted)
         let meta = Meta::read(index);
-        let mut live = 0.0;
-        if meta.dim != 0 {
-            let store = PageStore::new(index, &meta);
-            for node in 0..meta.node_count {
-                if let Some(v) = store.visit(node, |_| 0.0) {
-                    if !v.deleted {
-                        live += 1.0;
-                    }
-                }
-            }
-        }
-        (*stats).num_index_tuples = live;
+        (*stats).num_index_tuples = (meta.node_count - meta.free_count.min(meta.node_count)) as f64;
         (*stats).num_pages = pg_sys::RelationGetNumberOfBlocksInFork(index, pg_sys::ForkNumber::MAIN_FORKNUM);
         stats
     }

@@ -10,11 +10,14 @@
 
 use std::cell::{Cell, RefCell};
 
+use gpu_graph_engine::flat::FlatIndex;
+use gpu_graph_engine::metric::Metric;
 use gpu_graph_engine::store::{GraphMut, GraphView, Visit};
 use gpu_graph_engine::NO_NODE;
 use pgrx::pg_sys;
 
 use super::buffer::{Locked, Xlog};
+use super::codec::VectorHeader;
 use super::corrupt::corrupted;
 use super::layout::{Layout, FLAG_DELETED, FLAG_FREE};
 use super::meta::Meta;
@@ -111,6 +114,21 @@ impl GraphView for PageStore {
     fn entry(&self) -> Option<u32> {
         // SAFETY: as in node_count.
         unsafe { Meta::read(self.rel).entry() }
+    }
+    fn adjacency(&self) -> Vec<u32> {
+        let (n, degree) = (self.node_count() as usize, self.layout.degree);
+        let mut out = vec![NO_NODE; n * degree];
+        for first in (0..n).step_by(self.layout.per_chunk) {
+            let last = (first + self.layout.per_chunk).min(n);
+            // SAFETY: as in neighbors; one share lock for the chunk's lists
+            unsafe {
+                let b = Locked::read(self.rel, self.layout.graph_block(first as u32), false);
+                for v in first..last {
+                    out[v * degree..(v + 1) * degree].copy_from_slice(b.page().list(&self.layout, v as u32));
+                }
+            }
+        }
+        out
     }
     fn seeds(&self, out: &mut Vec<u32>) {
         // SAFETY: as in node_count.
@@ -333,6 +351,54 @@ impl PageStore {
 }
 
 impl PageStore {
+    /// Calls `f` with each node's id and vector header, one vector page at a
+    /// time (a pass over every node takes one buffer lookup a page, not one
+    /// a node).
+    pub fn for_each_header(&self, nodes: std::ops::Range<u32>, f: &mut dyn FnMut(u32, VectorHeader)) {
+        let per_page = self.layout.per_vector_page as u32;
+        let (mut node, n) = (nodes.start, nodes.end);
+        while node < n {
+            let slot = node as usize % self.layout.per_chunk;
+            let page_end = node - (slot % per_page as usize) as u32 + per_page;
+            let chunk_end = node - slot as u32 + self.layout.per_chunk as u32;
+            let end = page_end.min(chunk_end).min(n);
+            // SAFETY: as in visit.
+            unsafe {
+                let b = Locked::read(self.rel, self.layout.vector_block(node), false);
+                for v in node..end {
+                    f(v, b.page().tuple(&self.layout, v).header);
+                }
+            }
+            node = end;
+        }
+    }
+
+    /// A copy of the whole graph for VACUUM's repair, read page by page.
+    pub fn snapshot(&self, metric: Metric) -> Option<FlatIndex> {
+        let (sd, degree, n) = (self.layout.stored_dim, self.layout.degree, self.node_count() as usize);
+        let mut ix = FlatIndex::try_free(metric, sd, degree, n, self.entry())?;
+        ix.graph.adjacency = self.adjacency();
+        ix.graph.adjacency.truncate(n * degree);
+        let per_page = self.layout.per_vector_page;
+        let mut node = 0;
+        while node < n {
+            let slot = node % self.layout.per_chunk;
+            let end = (node - slot % per_page + per_page).min(node - slot + self.layout.per_chunk).min(n);
+            // SAFETY: as in visit.
+            unsafe {
+                let b = Locked::read(self.rel, self.layout.vector_block(node as u32), false);
+                for v in node..end {
+                    let t = b.page().tuple(&self.layout, v as u32);
+                    // the page's flags are the engine's node flags, widened
+                    ix.flags[v] = t.header.flags as u8;
+                    t.vector.copy_to(&mut ix.vectors[v * sd..(v + 1) * sd]);
+                }
+            }
+            node = end;
+        }
+        Some(ix)
+    }
+
     /// Rewrites a node's stored vector in place (payload and flags stay).
     pub fn put_vector(&self, node: u32, stored: &[f32]) {
         assert_eq!(stored.len(), self.layout.stored_dim);

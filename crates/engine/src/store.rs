@@ -24,6 +24,18 @@ pub trait GraphView {
     /// Nodes every search starts from besides the entry point: inner
     /// product's pinned outliers ([`crate::outliers`]).
     fn seeds(&self, _out: &mut Vec<u32>) {}
+    /// Every node's list, `degree` slots each padded with NO_NODE: what a
+    /// walk over the whole graph reads (a store may read it page by page).
+    fn adjacency(&self) -> Vec<u32> {
+        let (n, degree) = (self.node_count() as usize, self.degree());
+        let mut out = vec![crate::NO_NODE; n * degree];
+        let mut list = Vec::new();
+        for v in 0..n {
+            self.neighbors(v as u32, &mut list);
+            out[v * degree..v * degree + list.len()].copy_from_slice(&list);
+        }
+        out
+    }
     /// Applies `dist` to the node's stored vector, read together with its
     /// payload and deleted flag (one consistent read). `None` for a free slot.
     fn visit<F: FnOnce(&[f32]) -> f32>(&self, node: u32, dist: F) -> Option<Visit>;

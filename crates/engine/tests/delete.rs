@@ -86,6 +86,22 @@ fn delete_and_repair_with(base: &Matrix<f32>, queries: &Matrix<f32>, mut dead: I
         }
     }
 
+    // every live node is reachable from the entry point again
+    let mut seen = vec![false; n];
+    let mut stack = vec![store.entry().unwrap()];
+    seen[stack[0] as usize] = true;
+    while let Some(x) = stack.pop() {
+        store.neighbors(x, &mut list);
+        for &y in &list {
+            if !seen[y as usize] {
+                seen[y as usize] = true;
+                stack.push(y);
+            }
+        }
+    }
+    let unreached = (0..n).filter(|&v| !seen[v] && !dead.contains(&(v as u32))).count();
+    assert_eq!(unreached, 0, "live nodes no walk reaches ({} relinked)", stats.relinked);
+
     // exact ground truth over the rows that remain; payload = row
     let live: Vec<usize> = (0..n).filter(|r| !dead.contains(&(*r as u32))).collect();
     let rows: Vec<f32> = live.iter().flat_map(|&r| base.row(r).iter().copied()).collect();

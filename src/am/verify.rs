@@ -232,28 +232,20 @@ unsafe fn check(rel: pg_sys::Relation, meta: &Meta, heap: &PgRelation) -> Proble
 /// # Safety
 /// `heap` must be open and `block` one of its blocks.
 unsafe fn line_pointer_problem(heap: pg_sys::Relation, block: u32, offset: u16) -> Option<String> {
-    // SAFETY: the caller's contract; the buffer is pinned and share-locked
-    // while its header and line pointer are read.
+    // SAFETY: the caller's contract; the buffer stays pinned and
+    // share-locked (`Locked`, any relation's main fork) while its header and
+    // line pointer are read.
     unsafe {
-        let buf = pg_sys::ReadBufferExtended(
-            heap,
-            pg_sys::ForkNumber::MAIN_FORKNUM,
-            block,
-            pg_sys::ReadBufferMode::RBM_NORMAL,
-            std::ptr::null_mut(),
-        );
-        pg_sys::LockBuffer(buf, pg_sys::BUFFER_LOCK_SHARE as i32);
-        let page = pg_sys::BufferGetPage(buf) as *const pg_sys::PageHeaderData;
+        let b = Locked::read(heap, block, false);
+        let page = pg_sys::BufferGetPage(b.buf) as *const pg_sys::PageHeaderData;
         let lower = (*page).pd_lower as usize;
         let max = (lower.saturating_sub(std::mem::size_of::<pg_sys::PageHeaderData>()))
             / std::mem::size_of::<pg_sys::ItemIdData>();
-        let out = if offset == 0 || offset as usize > max {
+        if offset == 0 || offset as usize > max {
             Some(format!("its heap TID ({block},{offset}) is past the page's {max} line pointers"))
         } else {
             let item = (*page).pd_linp.as_ptr().add(offset as usize - 1);
             ((*item).lp_flags() == pg_sys::LP_UNUSED).then(|| format!("its heap TID ({block},{offset}) is unused"))
-        };
-        pg_sys::UnlockReleaseBuffer(buf);
-        out
+        }
     }
 }

@@ -15,7 +15,7 @@ pub struct Locked {
 
 impl Locked {
     /// # Safety
-    /// `rel` must be an open index relation and `block` exist in it.
+    /// `rel` must be an open relation and `block` exist in its main fork.
     pub unsafe fn read(rel: pg_sys::Relation, block: u32, exclusive: bool) -> Locked {
         let mode = if exclusive { pg_sys::BUFFER_LOCK_EXCLUSIVE } else { pg_sys::BUFFER_LOCK_SHARE };
         // SAFETY: `rel` is an open relation (the caller's contract); a block

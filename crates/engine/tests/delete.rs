@@ -16,15 +16,20 @@ use gpu_graph_engine::store::{GraphMut, GraphView};
 
 const N: usize = 20_000;
 
-#[test]
-fn delete_a_random_fifth() {
-    let (base, queries) = sift(N);
+/// A random fifth of the rows.
+fn random_fifth() -> IdSet {
     let mut rng = Rng(0x0dd5);
     let mut dead = IdSet::default();
     while dead.len() < N / 5 {
         dead.insert(rng.below(N) as u32);
     }
-    delete_and_repair(&base, &queries, dead);
+    dead
+}
+
+#[test]
+fn delete_a_random_fifth() {
+    let (base, queries) = sift(N);
+    delete_and_repair(&base, &queries, random_fifth());
 }
 
 /// A whole region goes: the nodes around it lose most of their lists.
@@ -39,12 +44,7 @@ fn delete_the_fifth_nearest_one_point() {
 #[test]
 fn delete_a_random_fifth_from_a_snapshot() {
     let (base, queries) = sift(N);
-    let mut rng = Rng(0x0dd5);
-    let mut dead = IdSet::default();
-    while dead.len() < N / 5 {
-        dead.insert(rng.below(N) as u32);
-    }
-    delete_and_repair_with(&base, &queries, dead, true);
+    delete_and_repair_with(&base, &queries, random_fifth(), true);
 }
 
 fn delete_and_repair(base: &Matrix<f32>, queries: &Matrix<f32>, dead: IdSet) {

@@ -62,4 +62,9 @@ dups=$(q -c "SET enable_seqscan = off" -c "
 n=$(q -c "SET enable_seqscan = off" -c "
   SELECT count(*) FROM (SELECT id FROM items ORDER BY v <-> '{0.5,0.5,0.5,0.5,0.5,0.5,0.5,0.5}' LIMIT 1000000) s")
 [ "$dups" = 0 ] && [ "$n" = "$rows" ] || fail "a full scan returned $n rows ($dups duplicates) for $rows rows"
+# and the index is whole: lists, the free chain the VACUUMs built while
+# inserts reused its slots, every live node reachable, every heap TID used
+problems=$(q -c "SELECT count(*) FROM gpu_graph_verify('items_idx')")
+[ "$problems" = 0 ] || { q -c "SELECT * FROM gpu_graph_verify('items_idx') LIMIT 10"; fail "gpu_graph_verify lists $problems problems"; }
+echo "  gpu_graph_verify: no problem"
 echo "concurrency: passed"

@@ -31,6 +31,9 @@ pub struct PageStore {
     /// node ids below this exist (the meta page's count when last read):
     /// a list naming one above it is checked against the meta page again
     known: Cell<u32>,
+    /// inner product's pinned outliers as the meta page named them when the
+    /// store was made (a scan's store lives one scan)
+    pinned: Vec<u32>,
 }
 
 impl PageStore {
@@ -38,7 +41,13 @@ impl PageStore {
     /// `rel` must be an open gpu_graph index whose meta page `meta` was read
     /// from, and stay open while the store is used.
     pub unsafe fn new(rel: pg_sys::Relation, meta: &Meta) -> PageStore {
-        PageStore { rel, layout: meta.layout(), scratch: RefCell::new(Vec::new()), known: Cell::new(meta.node_count) }
+        PageStore {
+            rel,
+            layout: meta.layout(),
+            scratch: RefCell::new(Vec::new()),
+            known: Cell::new(meta.node_count),
+            pinned: meta.pinned().collect(),
+        }
     }
 
     /// ERROR (index corrupted) if `list`, read from `node`'s graph page, names
@@ -131,8 +140,7 @@ impl GraphView for PageStore {
         out
     }
     fn seeds(&self, out: &mut Vec<u32>) {
-        // SAFETY: as in node_count.
-        out.extend(unsafe { Meta::read(self.rel).pinned() });
+        out.extend_from_slice(&self.pinned);
     }
     fn visit<F: FnOnce(&[f32]) -> f32>(&self, node: u32, dist: F) -> Option<Visit> {
         // SAFETY: `rel` is open (PageStore::new's contract); the view lives

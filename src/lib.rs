@@ -9,6 +9,7 @@ mod am;
 mod gucs;
 mod latch;
 mod storage;
+mod threads;
 mod types;
 mod worker;
 

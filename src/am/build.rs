@@ -199,6 +199,7 @@ pub unsafe extern "C-unwind" fn ambuild(
     index: pg_sys::Relation,
     index_info: *mut pg_sys::IndexInfo,
 ) -> *mut pg_sys::IndexBuildResult {
+    crate::threads::init_rayon();
     // SAFETY: PostgreSQL calls ambuild with the heap and the new, empty index
     // open and locked, and `index_info` describing the index.
     let (params, metric, knn, storage) = unsafe {

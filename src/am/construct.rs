@@ -225,7 +225,11 @@ pub fn construct(
         // the search worker leaves the GPU to the build while it runs
         let aside = GpuBuild::begin();
         let result = std::thread::scope(|s| {
-            let gpu = s.spawn(|| on_gpu(vectors, stored_dim, params, knn, budget_mb, &watch));
+            let gpu = s.spawn(|| {
+                // before CUDA starts its own threads, which inherit the mask
+                crate::threads::block_signals();
+                on_gpu(vectors, stored_dim, params, knn, budget_mb, &watch)
+            });
             // an ERROR below unwinds through here: the guard stops the GPU
             // thread, and the scope waits for it (and its device memory to
             // be freed) before the ERROR goes on

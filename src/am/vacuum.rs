@@ -32,6 +32,7 @@ pub unsafe extern "C-unwind" fn ambulkdelete(
     callback: pg_sys::IndexBulkDeleteCallback,
     callback_state: *mut std::ffi::c_void,
 ) -> *mut pg_sys::IndexBulkDeleteResult {
+    crate::threads::init_rayon();
     // SAFETY: VACUUM calls ambulkdelete with `info` naming the open, locked
     // gpu_graph index and `stats` NULL or its earlier result; `callback` with
     // `callback_state` says whether a heap TID is dead.

@@ -41,11 +41,15 @@ fn outcome(e: SearchError) -> Outcome {
 
 impl GpuSearch {
     pub fn open() -> Result<GpuSearch, String> {
-        let gpu = Gpu::open().map_err(|e| e.to_string())?;
-        // fault injection is reachable only through a superuser-only setting
-        let cfg = ServerConfig { allow_fault_injection: true, ..ServerConfig::default() };
-        let server = SearchServer::start(&gpu, cfg).map_err(|e| e.to_string())?;
-        Ok(GpuSearch { server, gpu })
+        // the driver's threads start here (context, streams, the persistent
+        // kernel's launch): they must not take the worker's signals
+        crate::threads::with_signals_blocked(|| {
+            let gpu = Gpu::open().map_err(|e| e.to_string())?;
+            // fault injection is reachable only through a superuser-only setting
+            let cfg = ServerConfig { allow_fault_injection: true, ..ServerConfig::default() };
+            let server = SearchServer::start(&gpu, cfg).map_err(|e| e.to_string())?;
+            Ok(GpuSearch { server, gpu })
+        })
     }
 
     pub fn describe(&self) -> String {

@@ -172,24 +172,12 @@ unsafe fn ask(index: pg_sys::Relation, meta: &Meta, query: &[f32], ef: usize) ->
     }
 }
 
-/// How long a scan watches its slot before it sleeps on its latch.
-const SPIN: Duration = Duration::from_micros(SPIN_US);
-const SPIN_US: u64 = 50;
-
 /// Sleeps on the latch until the slot is answered, the timeout passes or the
 /// worker is gone. Interrupts are served while waiting: a cancel raises its
 /// ERROR here and the claim lets go of the slot as the ERROR unwinds.
 fn wait(shared: &Shared, claim: &Claim, starts: u64) -> Result<(), Outcome> {
     let timeout = Duration::from_millis(GPU_TIMEOUT.get() as u64);
     let t0 = Instant::now();
-    // an answer often comes within tens of microseconds: look at the slot
-    // that long before paying for a sleep and a latch wakeup
-    while t0.elapsed() < SPIN {
-        if claim.slot.state() == (claim.seq, super::ring::State::Done) {
-            return Ok(());
-        }
-        std::hint::spin_loop();
-    }
     loop {
         if claim.slot.state() == (claim.seq, super::ring::State::Done) {
             return Ok(());

@@ -54,14 +54,16 @@ pub unsafe extern "C-unwind" fn ambulkdelete(
             pg_sys::vacuum_delay_point();
             store.for_each_header(start..(start + 8192).min(n), &mut |node, h| {
                 if h.flags & FLAG_FREE != 0 {
-                } else if h.flags & FLAG_DELETED != 0 {
+                    return; // a free slot names no row
+                }
+                if h.flags & FLAG_DELETED != 0 {
                     deleted.push(node); // left by an interrupted VACUUM: repair it now
-                } else {
-                    let mut tid = payload_to_tid(h.payload());
-                    if callback(&mut tid, callback_state) {
-                        dead.push(node);
-                        removed += 1.0;
-                    }
+                    return;
+                }
+                let mut tid = payload_to_tid(h.payload());
+                if callback(&mut tid, callback_state) {
+                    dead.push(node);
+                    removed += 1.0;
                 }
             });
         }

@@ -9,8 +9,7 @@
 //! table. Problems are reported, not raised, so one damaged list does not
 //! hide the rest.
 
-use std::collections::VecDeque;
-
+use gpu_graph_engine::merge::reach_lists;
 use gpu_graph_engine::store::GraphView;
 use gpu_graph_engine::NO_NODE;
 use pgrx::prelude::*;
@@ -18,7 +17,7 @@ use pgrx::{pg_sys, PgRelation};
 
 use crate::storage::buffer::Locked;
 use crate::storage::codec::payload_to_tid;
-use crate::storage::layout::FLAG_FREE;
+use crate::storage::layout::{FLAG_DELETED, FLAG_FREE};
 use crate::storage::meta::Meta;
 use crate::storage::page_store::PageStore;
 
@@ -91,33 +90,31 @@ unsafe fn check(rel: pg_sys::Relation, meta: &Meta, heap: &PgRelation) -> Proble
     let store = unsafe { PageStore::new(rel, meta) };
     let layout = store.layout;
     let n = meta.node_count;
-    let slots: Vec<Slot> = (0..n)
-        .map(|node| {
-            // SAFETY: `rel` is open; the view lives under the share lock.
-            let header = unsafe {
-                let b = Locked::read(rel, layout.vector_block(node), false);
-                b.page().tuple(&layout, node).header
-            };
-            if header.flags & FLAG_FREE != 0 {
-                Slot::Free(header.payload())
-            } else if store.visit(node, |_| 0.0).is_some_and(|v| v.deleted) {
-                Slot::Deleted
-            } else {
-                Slot::Live(header.payload())
-            }
+    let mut slots = Vec::with_capacity(n as usize);
+    store.for_each_header(0..n, &mut |_, h| {
+        slots.push(if h.flags & FLAG_FREE != 0 {
+            Slot::Free(h.payload())
+        } else if h.flags & FLAG_DELETED != 0 {
+            Slot::Deleted
+        } else {
+            Slot::Live(h.payload())
         })
-        .collect();
+    });
 
-    // lists
-    let mut lists: Vec<Vec<u32>> = Vec::with_capacity(n as usize);
-    let mut list = Vec::new();
+    // lists, read raw page by page (the store's list reader raises an
+    // ERROR at an id out of range; here it is a problem to report)
+    let degree = layout.degree;
+    let adjacency = store.adjacency();
     for node in 0..n {
-        pg_sys::check_for_interrupts!();
+        if node % 1024 == 0 {
+            pg_sys::check_for_interrupts!();
+        }
         let block = layout.graph_block(node);
-        // read raw: the store's reader raises an ERROR at an id out of range
-        list.clear();
-        // SAFETY: `rel` is open; the view lives under the share lock.
-        unsafe { list.extend(Locked::read(rel, block, false).page().neighbors(&layout, node)) };
+        let list: Vec<u32> = adjacency[node as usize * degree..(node as usize + 1) * degree]
+            .iter()
+            .copied()
+            .take_while(|&u| u != NO_NODE)
+            .collect();
         let mut seen = std::collections::HashSet::new();
         for &u in &list {
             if u >= n {
@@ -135,7 +132,6 @@ unsafe fn check(rel: pg_sys::Relation, meta: &Meta, heap: &PgRelation) -> Proble
         if matches!(slots[node as usize], Slot::Free(_)) && !list.is_empty() {
             p.add(block, Some(node), "a free slot with a list".into());
         }
-        lists.push(list.iter().copied().filter(|&u| u < n).collect());
     }
 
     // the free list
@@ -172,26 +168,17 @@ unsafe fn check(rel: pg_sys::Relation, meta: &Meta, heap: &PgRelation) -> Proble
     // reachability of live nodes from the entry point (and the pinned
     // outliers, which every search starts from too)
     let live = |u: u32| matches!(slots[u as usize], Slot::Live(_));
-    let mut reached = vec![false; n as usize];
-    let mut queue = VecDeque::new();
+    let mut starts = Vec::new();
     for (u, what) in
         meta.entry().map(|e| (e, "the entry point")).into_iter().chain(meta.pinned().map(|u| (u, "a pinned outlier")))
     {
-        if !live(u) {
+        if live(u) {
+            starts.push(u);
+        } else {
             p.add(0, Some(u), format!("{what} is not a live node"));
-        } else if !reached[u as usize] {
-            reached[u as usize] = true;
-            queue.push_back(u);
         }
     }
-    while let Some(x) = queue.pop_front() {
-        for &u in &lists[x as usize] {
-            if !reached[u as usize] {
-                reached[u as usize] = true;
-                queue.push_back(u);
-            }
-        }
-    }
+    let reached = reach_lists(&adjacency, degree, &starts);
     let unreachable: Vec<u32> = (0..n).filter(|&u| live(u) && !reached[u as usize]).collect();
     for &u in unreachable.iter().take(20) {
         p.add(layout.graph_block(u), Some(u), "a live node no search from the entry point reaches".into());

@@ -17,7 +17,7 @@ use gpu_graph_engine::NO_NODE;
 use pgrx::pg_sys;
 
 use super::buffer::{Locked, Xlog};
-use super::codec::VectorHeader;
+use super::codec::{Tuple, VectorHeader};
 use super::corrupt::corrupted;
 use super::layout::{Layout, FLAG_DELETED, FLAG_FREE};
 use super::meta::Meta;
@@ -363,18 +363,22 @@ impl PageStore {
     /// time (a pass over every node takes one buffer lookup a page, not one
     /// a node).
     pub fn for_each_header(&self, nodes: std::ops::Range<u32>, f: &mut dyn FnMut(u32, VectorHeader)) {
-        let per_page = self.layout.per_vector_page as u32;
-        let (mut node, n) = (nodes.start, nodes.end);
-        while node < n {
-            let slot = node as usize % self.layout.per_chunk;
-            let page_end = node - (slot % per_page as usize) as u32 + per_page;
-            let chunk_end = node - slot as u32 + self.layout.per_chunk as u32;
-            let end = page_end.min(chunk_end).min(n);
+        self.for_each_tuple(nodes, &mut |v, t| f(v, t.header));
+    }
+
+    /// Calls `f` with each node's vector tuple, one share lock a vector page.
+    fn for_each_tuple(&self, nodes: std::ops::Range<u32>, f: &mut dyn FnMut(u32, Tuple)) {
+        let (per_page, per_chunk) = (self.layout.per_vector_page as u32, self.layout.per_chunk as u32);
+        let mut node = nodes.start;
+        while node < nodes.end {
+            // the rest of this node's vector page (a chunk's last page may be short)
+            let slot = node % per_chunk;
+            let end = (node - slot % per_page + per_page).min(node - slot + per_chunk).min(nodes.end);
             // SAFETY: as in visit.
             unsafe {
                 let b = Locked::read(self.rel, self.layout.vector_block(node), false);
                 for v in node..end {
-                    f(v, b.page().tuple(&self.layout, v).header);
+                    f(v, b.page().tuple(&self.layout, v));
                 }
             }
             node = end;
@@ -387,23 +391,12 @@ impl PageStore {
         let mut ix = FlatIndex::try_free(metric, sd, degree, n, self.entry())?;
         ix.graph.adjacency = self.adjacency();
         ix.graph.adjacency.truncate(n * degree);
-        let per_page = self.layout.per_vector_page;
-        let mut node = 0;
-        while node < n {
-            let slot = node % self.layout.per_chunk;
-            let end = (node - slot % per_page + per_page).min(node - slot + self.layout.per_chunk).min(n);
-            // SAFETY: as in visit.
-            unsafe {
-                let b = Locked::read(self.rel, self.layout.vector_block(node as u32), false);
-                for v in node..end {
-                    let t = b.page().tuple(&self.layout, v as u32);
-                    // the page's flags are the engine's node flags, widened
-                    ix.flags[v] = t.header.flags as u8;
-                    t.vector.copy_to(&mut ix.vectors[v * sd..(v + 1) * sd]);
-                }
-            }
-            node = end;
-        }
+        self.for_each_tuple(0..n as u32, &mut |v, t| {
+            let v = v as usize;
+            // the page's flags are the engine's node flags, widened
+            ix.flags[v] = t.header.flags as u8;
+            t.vector.copy_to(&mut ix.vectors[v * sd..(v + 1) * sd]);
+        });
         Some(ix)
     }
 

@@ -57,7 +57,8 @@ impl FlatIndex {
     pub fn snapshot<G: GraphView>(metric: Metric, store: &G) -> Option<FlatIndex> {
         let (sd, degree, n) = (store.stored_dim(), store.degree(), store.node_count() as usize);
         let mut ix = FlatIndex::try_free(metric, sd, degree, n, store.entry())?;
-        let mut list = Vec::new();
+        ix.graph.adjacency = store.adjacency();
+        ix.graph.adjacency.truncate(n * degree);
         for node in 0..n {
             let row = &mut ix.vectors[node * sd..(node + 1) * sd];
             let Some(v) = store.visit(node as u32, |x| {
@@ -67,8 +68,6 @@ impl FlatIndex {
                 continue; // a free slot stays FREE
             };
             ix.flags[node] = if v.deleted { node::DELETED } else { node::LIVE };
-            store.neighbors(node as u32, &mut list);
-            ix.graph.adjacency[node * degree..node * degree + list.len()].copy_from_slice(&list);
         }
         Some(ix)
     }

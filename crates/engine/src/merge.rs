@@ -151,17 +151,32 @@ fn connect(graph: &mut Graph, entry: u32, vectors: &[f32], dim: usize) -> usize 
     linked
 }
 
-/// Which nodes a walk from `entry` reaches: a breadth-first walk, each
-/// level's nodes expanded on all cores (one thread took 2-3 s of a 10M-row
-/// build's graph; a level-parallel walk a fraction of it).
+/// Which nodes a walk from `entry` reaches ([`reach_lists`]).
 pub fn reach(graph: &Graph, entry: u32) -> Vec<bool> {
-    let seen: Vec<AtomicBool> = (0..graph.len()).map(|_| AtomicBool::new(false)).collect();
-    seen[entry as usize].store(true, Ordering::Relaxed);
-    let mut level = vec![entry];
+    reach_lists(&graph.adjacency, graph.degree, &[entry])
+}
+
+/// Which of the nodes of `adjacency` (`degree` slots a node, NO_NODE after
+/// the last neighbour) a walk from `starts` reaches: breadth first, each
+/// level's nodes expanded on all cores (one thread took 2-3 s of a 10M-row
+/// build's graph). Ids out of range are not followed, so lists read from a
+/// damaged index walk safely. The one walk of the builds' reachability
+/// repair, VACUUM's relink and gpu_graph_verify.
+pub fn reach_lists(adjacency: &[u32], degree: usize, starts: &[u32]) -> Vec<bool> {
+    let n = adjacency.len().checked_div(degree).unwrap_or(0);
+    let seen: Vec<AtomicBool> = (0..n).map(|_| AtomicBool::new(false)).collect();
+    let fresh = |y: u32| (y as usize) < n && !seen[y as usize].swap(true, Ordering::Relaxed);
+    let mut level: Vec<u32> = starts.iter().copied().filter(|&s| fresh(s)).collect();
     while !level.is_empty() {
         level = level
             .par_iter()
-            .flat_map_iter(|&x| graph.neighbors(x).filter(|&y| !seen[y as usize].swap(true, Ordering::Relaxed)))
+            .flat_map_iter(|&x| {
+                adjacency[x as usize * degree..(x as usize + 1) * degree]
+                    .iter()
+                    .copied()
+                    .take_while(|&y| y != NO_NODE)
+                    .filter(|&y| fresh(y))
+            })
             .collect();
     }
     seen.into_iter().map(AtomicBool::into_inner).collect()

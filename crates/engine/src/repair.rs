@@ -13,10 +13,10 @@ use rayon::prelude::*;
 
 use crate::candidates::Candidates;
 use crate::idset::IdSet;
+use crate::merge::reach_lists;
 use crate::metric::{graph_distance, Metric};
 use crate::search::search;
 use crate::store::{GraphMut, GraphView};
-use crate::NO_NODE;
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RepairStats {
@@ -144,28 +144,12 @@ pub fn relink<G: GraphMut>(store: &G) -> usize {
     let mut linked = 0;
     let (mut list, mut own) = (Vec::new(), Vec::new());
     for _ in 0..RELINK_ROUNDS {
-        let adjacency = store.adjacency();
-        let mut seen = vec![false; n];
-        let mut queue = std::collections::VecDeque::new();
         let mut starts = vec![entry];
         store.seeds(&mut starts);
-        for s in starts {
-            if (s as usize) < n && !seen[s as usize] {
-                seen[s as usize] = true;
-                queue.push_back(s);
-            }
-        }
-        while let Some(x) = queue.pop_front() {
-            for &y in adjacency[x as usize * degree..(x as usize + 1) * degree].iter().take_while(|&&y| y != NO_NODE) {
-                if (y as usize) < n && !seen[y as usize] {
-                    seen[y as usize] = true;
-                    queue.push_back(y);
-                }
-            }
-        }
-        let unreached: Vec<u32> = (0..n as u32)
-            .filter(|&u| !seen[u as usize] && store.visit(u, |_| 0.0).is_some_and(|v| !v.deleted))
-            .collect();
+        let seen = reach_lists(&store.adjacency(), degree, &starts);
+        let reached = |u: u32| seen.get(u as usize) == Some(&true);
+        let unreached: Vec<u32> =
+            (0..n as u32).filter(|&u| !reached(u) && store.visit(u, |_| 0.0).is_some_and(|v| !v.deleted)).collect();
         if unreached.is_empty() {
             break;
         }
@@ -177,7 +161,7 @@ pub fn relink<G: GraphMut>(store: &G) -> usize {
             });
             store.neighbors(u, &mut list);
             let near = |ids: &mut dyn Iterator<Item = u32>| {
-                ids.filter(|&r| seen[r as usize])
+                ids.filter(|&r| reached(r))
                     .filter_map(|r| {
                         store.visit(r, |x| graph_distance(&own, x)).filter(|v| !v.deleted).map(|v| (v.dist, r))
                     })

@@ -1,89 +1,33 @@
 //! Joining the graphs of a sharded build into one (Tagore's merge): each
-//! node's lists from its shards united, refined by RNN-Descent's own rounds
-//! (the index's one prune rule, reverse offers between rounds, the same
-//! final cut), and every node made reachable from the entry point.
+//! node's lists from its two shards united and cut by distance, and every
+//! node made reachable from the entry point.
+//!
+//! The cut is RNN-Descent's final cut, with no occlusion test across the
+//! shards: each list was pruned by the index's rule in its own shard, and a
+//! union needs no vectors, so the merge runs on lists alone (out of core,
+//! its lists read back from temporary files). Measured on SIFT (2 cores,
+//! recall@10 at ef 20 / 40): 500k rows in 9 shards, the union cut 0.981 /
+//! 0.993, the union refined by an update round with the vectors (the merge
+//! before) 0.982 / 0.995, the union re-pruned by the rule 0.960 / 0.981, the
+//! whole build 0.964 / 0.986; 100k in 18 shards: 0.959 / 0.983, 0.954 /
+//! 0.983, 0.943 / 0.976, 0.940 / 0.975.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use rayon::prelude::*;
 
-use crate::distance::prefetch;
-use crate::graph::Graph;
+use crate::graph::{final_cut, Graph};
 use crate::metric::graph_distance;
-use crate::params::BuildParams;
-use crate::rnn_descent::{self, Progress};
 use crate::NO_NODE;
 
-/// Refinement of the united lists: outer rounds and update rounds each.
-/// On SIFT 12k in 3,000-row shards (the test below): a union re-cut by
-/// rng_prune alone lost 0.025 of recall@10 at ef 20 to the whole build;
-/// one update round on the union beats the whole build (0.939 / 0.981
-/// against 0.929 / 0.979 at ef 20 / 40), two outer rounds of two more so
-/// (0.958 / 0.985) at 2.6× the merge's time.
-pub const REFINE: (usize, usize) = (1, 1);
 /// Rounds of linking unreached nodes before giving up (a scan sweeps any
 /// node its walk never reached, so one left over costs speed, not rows).
 const REPAIR_ROUNDS: usize = 16;
-/// Rows asked for ahead of their distance (as RNN-Descent's update does).
-const PREFETCH_AHEAD: usize = 8;
 
-/// The merged graph over `n` = vectors / dim nodes, and the nodes the
-/// connectivity repair linked; None when `progress` cancels. `shards[s]`
-/// lists shard s's global ids (its local id i is `shards[s][i]`),
-/// `graphs[s]` its graph.
-pub fn merge(
-    vectors: &[f32],
-    dim: usize,
-    params: &BuildParams,
-    shards: &[Vec<u32>],
-    graphs: &[Graph],
-    progress: &mut dyn Progress,
-) -> Option<(Graph, usize)> {
-    let n = vectors.len() / dim;
-    let row = |i: u32| &vectors[i as usize * dim..(i as usize + 1) * dim];
-    // where each node sits in its shards: (shard, local id), two at most
-    let mut homes = vec![[(u32::MAX, 0u32); 2]; n];
-    for (s, ids) in shards.iter().enumerate() {
-        for (local, &g) in ids.iter().enumerate() {
-            let h = &mut homes[g as usize];
-            let slot = if h[0].0 == u32::MAX { 0 } else { 1 };
-            h[slot] = (s as u32, local as u32);
-        }
-    }
-    // each node's lists united, with their distances; its first shard's
-    // entries old (their pairs were tested in that shard's rounds), the
-    // second's new, so the update tests the pairs across the two
-    let lists: Vec<Vec<(u32, f32, bool)>> = (0..n as u32)
-        .into_par_iter()
-        .map(|x| {
-            let mut cands: Vec<(u32, bool)> = Vec::new();
-            for (i, &(s, local)) in homes[x as usize].iter().enumerate().filter(|h| h.1 .0 != u32::MAX) {
-                let ids = &shards[s as usize];
-                cands.extend(graphs[s as usize].neighbors(local).map(|l| (ids[l as usize], i == 1)));
-            }
-            // an id in both lists stays old
-            cands.sort_unstable();
-            cands.dedup_by_key(|c| c.0);
-            cands.retain(|c| c.0 != x);
-            // the rows lie anywhere in memory: ask for a few ahead of use
-            for c in cands.iter().take(PREFETCH_AHEAD) {
-                prefetch(row(c.0));
-            }
-            (0..cands.len())
-                .map(|i| {
-                    if let Some(ahead) = cands.get(i + PREFETCH_AHEAD) {
-                        prefetch(row(ahead.0));
-                    }
-                    let (c, new) = cands[i];
-                    (c, graph_distance(row(x), row(c)), new)
-                })
-                .collect()
-        })
-        .collect();
-    drop(homes);
-    let mut graph = rnn_descent::refine(vectors, dim, params, lists, REFINE.0, REFINE.1, progress)?;
-    let repaired = ensure_reachable(&mut graph, vectors, dim);
-    Some((graph, repaired))
+/// Node `x`'s list (`out`, its length the degree) from the (distance, id)
+/// entries of its shards' lists: the nearest, each id once.
+pub fn union_cut(x: u32, cands: &[(f32, u32)], scratch: &mut Vec<(f32, u32)>, out: &mut [u32]) {
+    final_cut(x, cands.iter().copied(), scratch, out);
 }
 
 /// Makes every node reachable from the graph's entry point ([`connect`]);

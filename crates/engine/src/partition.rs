@@ -39,69 +39,111 @@ pub fn plan(n: usize, max_rows: usize) -> (usize, usize) {
 /// the answer depends on `seed` alone, not on the threads.
 pub fn partition(vectors: &[f32], dim: usize, k: usize, cap: usize, sample: usize, seed: u64) -> Partition {
     let n = vectors.len() / dim;
-    let copies = k.min(2);
-    assert!(k >= 1 && cap * k >= copies * n, "{k} clusters of {cap} cannot hold {n} points {copies} times each");
     if k == 1 {
         return Partition { shards: vec![(0..n as u32).collect()] };
     }
-    let centroids = kmeans(vectors, dim, k, sample, seed);
-    // each point's nearest clusters, on every core
-    let ranked: Vec<[u32; RANKED]> = vectors
-        .par_chunks_exact(dim)
-        .map(|v| {
-            let mut d: Vec<(f32, u32)> =
-                centroids.chunks_exact(dim).enumerate().map(|(c, m)| (l2sq(v, m), c as u32)).collect();
-            d.sort_unstable_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
-            let mut r = [u32::MAX; RANKED];
-            for (slot, &(_, c)) in r.iter_mut().zip(&d) {
-                *slot = c;
-            }
-            r
-        })
-        .collect();
-    let mut shards: Vec<Vec<u32>> = vec![Vec::with_capacity(cap); k];
-    for (p, r) in ranked.iter().enumerate() {
-        let mut first = None;
-        for _ in 0..copies {
-            let pick = r
-                .iter()
-                .copied()
-                .filter(|&c| c != u32::MAX)
-                .find(|&c| Some(c) != first && shards[c as usize].len() < cap)
-                .or_else(|| {
-                    // all ranked ones full: the nearest cluster with room
-                    let v = &vectors[p * dim..(p + 1) * dim];
-                    (0..k as u32).filter(|&c| Some(c) != first && shards[c as usize].len() < cap).min_by(|&a, &b| {
-                        let da = l2sq(v, &centroids[a as usize * dim..(a as usize + 1) * dim]);
-                        let db = l2sq(v, &centroids[b as usize * dim..(b as usize + 1) * dim]);
-                        da.total_cmp(&db).then(a.cmp(&b))
-                    })
-                })
-                .expect("the caps hold every point twice");
-            shards[pick as usize].push(p as u32);
-            first = Some(pick);
-        }
-    }
-    Partition { shards }
-}
-
-/// Lloyd's k-means on up to `sample` points; `k` × dim centroids.
-fn kmeans(vectors: &[f32], dim: usize, k: usize, sample: usize, seed: u64) -> Vec<f32> {
-    let n = vectors.len() / dim;
-    let mut rng = SplitMix64(seed ^ 0x7061_7274_6974_696f);
-    // a sample without repeats: every point when it is small enough, else a
-    // random stride walk (enough for centroids)
-    let ids: Vec<u32> = if n <= sample {
-        (0..n as u32).collect()
-    } else {
-        let mut ids: Vec<u32> = (0..sample).map(|_| rng.below(n as u32)).collect();
-        ids.sort_unstable();
-        ids.dedup();
-        ids
-    };
+    let ids = sample_ids(n, sample, seed);
     let points: Vec<f32> =
         ids.iter().flat_map(|&i| &vectors[i as usize * dim..(i as usize + 1) * dim]).copied().collect();
-    let m = ids.len();
+    let mut assign = Assigner::new(kmeans(&points, dim, k, seed), dim, n, cap);
+    assign.add(vectors);
+    assign.finish()
+}
+
+/// The points k-means samples: every one when there are at most `sample`,
+/// else about `sample` random ids without repeats (enough for centroids),
+/// ascending.
+pub fn sample_ids(n: usize, sample: usize, seed: u64) -> Vec<u32> {
+    if n <= sample {
+        return (0..n as u32).collect();
+    }
+    let mut rng = SplitMix64(seed ^ 0x7061_7274_6974_696f);
+    let mut ids: Vec<u32> = (0..sample).map(|_| rng.below(n as u32)).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    ids
+}
+
+/// The capped assignment of points to their two nearest clusters with room,
+/// fed in id order a batch at a time (all at once, or read back from the
+/// index's pages when they do not fit in memory): each batch ranked on
+/// every core, then assigned in order.
+pub struct Assigner {
+    centroids: Vec<f32>,
+    dim: usize,
+    k: usize,
+    cap: usize,
+    copies: usize,
+    next: u32,
+    shards: Vec<Vec<u32>>,
+}
+
+impl Assigner {
+    /// For `n` points into the `centroids` (k × dim), each cluster holding
+    /// at most `cap`.
+    pub fn new(centroids: Vec<f32>, dim: usize, n: usize, cap: usize) -> Assigner {
+        let k = centroids.len() / dim.max(1);
+        let copies = k.min(2);
+        assert!(k >= 1 && cap * k >= copies * n, "{k} clusters of {cap} cannot hold {n} points {copies} times each");
+        let shards = vec![Vec::with_capacity(cap.min(copies * n)); k];
+        Assigner { centroids, dim, k, cap, copies, next: 0, shards }
+    }
+
+    /// The next points (ids from the count added so far).
+    pub fn add(&mut self, vectors: &[f32]) {
+        let (dim, k, cap) = (self.dim, self.k, self.cap);
+        let centroids = &self.centroids;
+        let ranked: Vec<[u32; RANKED]> = vectors
+            .par_chunks_exact(dim)
+            .map(|v| {
+                let mut d: Vec<(f32, u32)> =
+                    centroids.chunks_exact(dim).enumerate().map(|(c, m)| (l2sq(v, m), c as u32)).collect();
+                d.sort_unstable_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+                let mut r = [u32::MAX; RANKED];
+                for (slot, &(_, c)) in r.iter_mut().zip(&d) {
+                    *slot = c;
+                }
+                r
+            })
+            .collect();
+        let shards = &mut self.shards;
+        for (v, r) in vectors.chunks_exact(dim).zip(&ranked) {
+            let p = self.next;
+            self.next += 1;
+            let mut first = None;
+            for _ in 0..self.copies {
+                let pick = r
+                    .iter()
+                    .copied()
+                    .filter(|&c| c != u32::MAX)
+                    .find(|&c| Some(c) != first && shards[c as usize].len() < cap)
+                    .or_else(|| {
+                        // all ranked ones full: the nearest cluster with room
+                        (0..k as u32).filter(|&c| Some(c) != first && shards[c as usize].len() < cap).min_by(
+                            |&a, &b| {
+                                let da = l2sq(v, &centroids[a as usize * dim..(a as usize + 1) * dim]);
+                                let db = l2sq(v, &centroids[b as usize * dim..(b as usize + 1) * dim]);
+                                da.total_cmp(&db).then(a.cmp(&b))
+                            },
+                        )
+                    })
+                    .expect("the caps hold every point twice");
+                shards[pick as usize].push(p);
+                first = Some(pick);
+            }
+        }
+    }
+
+    pub fn finish(self) -> Partition {
+        Partition { shards: self.shards }
+    }
+}
+
+/// Lloyd's k-means over `points` (the sample); `k` × dim centroids.
+pub fn kmeans(points: &[f32], dim: usize, k: usize, seed: u64) -> Vec<f32> {
+    let mut rng = SplitMix64(seed ^ 0x6b6d_6561_6e73);
+    let m = points.len() / dim;
+    assert!(m > 0, "k-means needs a point");
     let mut centroids: Vec<f32> = (0..k)
         .flat_map(|_| {
             let p = rng.below(m as u32) as usize;
@@ -132,13 +174,13 @@ fn kmeans(vectors: &[f32], dim: usize, k: usize, sample: usize, seed: u64) -> Ve
             }
         }
         for c in 0..k {
-            let m = &mut centroids[c * dim..(c + 1) * dim];
+            let mc = &mut centroids[c * dim..(c + 1) * dim];
             if counts[c] == 0 {
                 // an empty cluster restarts at a random sample point
-                let p = rng.below(points.len() as u32 / dim as u32) as usize;
-                m.copy_from_slice(&points[p * dim..(p + 1) * dim]);
+                let p = rng.below(m as u32) as usize;
+                mc.copy_from_slice(&points[p * dim..(p + 1) * dim]);
             } else {
-                for (x, s) in m.iter_mut().zip(&sums[c * dim..(c + 1) * dim]) {
+                for (x, s) in mc.iter_mut().zip(&sums[c * dim..(c + 1) * dim]) {
                     *x = (s / counts[c] as f64) as f32;
                 }
             }

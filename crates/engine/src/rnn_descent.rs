@@ -230,29 +230,6 @@ pub fn build(vectors: &[f32], stored_dim: usize, params: &BuildParams, progress:
     rounds(&b, pools, params, params.t1, params.t2, progress)
 }
 
-/// RNN-Descent's rounds from given neighbour lists instead of a random
-/// start: a sharded build's merged lists (node `v`'s (id, distance, new)
-/// candidates in `lists[v]`; `new` as in the update: only pairs with a new
-/// entry are tested), refined by `t1` × `t2` rounds with the same update
-/// rule, reverse offers and final cut as [`build`], so that neighbours
-/// found in different shards meet.
-pub fn refine(
-    vectors: &[f32],
-    stored_dim: usize,
-    params: &BuildParams,
-    lists: Vec<Vec<(u32, f32, bool)>>,
-    t1: usize,
-    t2: usize,
-    progress: &mut dyn Progress,
-) -> Option<Graph> {
-    let n = vectors.len().checked_div(stored_dim).unwrap_or(0);
-    assert_eq!(lists.len(), n, "one list a node");
-    let b = Builder { vectors, dim: stored_dim, range: merge_range(n) };
-    let pools =
-        lists.into_iter().map(|l| l.into_iter().map(|(id, dist, new)| Entry { dist, id, new }).collect()).collect();
-    rounds(&b, pools, params, t1, t2, progress)
-}
-
 /// `t1` outer rounds of `t2` updates each, reverse offers between outer
 /// rounds, then the final cut.
 fn rounds(

@@ -1,19 +1,28 @@
-//! A graph build in shards, for data whose whole build does not fit one
-//! device (Tagore; CMANNS sizes the shards from the memory budget): the
-//! points partitioned (`partition`), each shard's graph built by the
-//! caller's builder (the GPU's GRNND, or RNN-Descent on the CPU), and the
-//! graphs joined (`merge`). The same loop serves every builder.
+//! A graph build in shards, for data whose whole build fits neither one
+//! device nor the host's budget (Tagore; CMANNS sizes the shards from the
+//! memory budget): the points partitioned (`partition`: k-means on a
+//! sample, every point in its two nearest clusters), each shard's graph
+//! built by the caller's builder (the GPU's GRNND, or RNN-Descent on the
+//! CPU), each node's two lists spilled with their distances, and the lists
+//! joined node by node (`merge::union_cut`). The rows come from a
+//! [`Rows`] source and the lists go to a [`Lists`] spill, so one loop
+//! serves a build whose vectors are all in memory and one that reads them
+//! back from the index's pages, its lists in temporary files: the host
+//! holds the sample, one or two shards' rows and the ids of the partition,
+//! never every vector.
 
 use std::time::Instant;
 
 use rayon::prelude::*;
 
+use crate::distance::l2sq;
 use crate::graph::Graph;
-use crate::params::BuildParams;
-use crate::partition::{partition, plan};
+use crate::metric::graph_distance;
+use crate::partition::{self, kmeans, sample_ids, Assigner};
+use crate::NO_NODE;
 
-/// Points the partition's k-means samples.
-const SAMPLE: usize = 100_000;
+/// Points the partition's k-means samples at most.
+pub const SAMPLE: usize = 100_000;
 
 /// What a sharded build did.
 #[derive(Clone, Debug, Default)]
@@ -30,26 +39,113 @@ pub struct ShardStats {
     pub repaired: usize,
 }
 
-/// Builds the graph over `vectors` (n × `dim` stored vectors) in shards of
-/// at most `max_rows`: `build_shard` builds one shard's graph over the rows
-/// it is given (None: cancelled, and so is the build); `progress` gets the
-/// shards built and their number, and stops the build by returning false.
-pub fn build_sharded(
-    vectors: &[f32],
-    dim: usize,
-    params: &BuildParams,
-    max_rows: usize,
-    build_shard: &mut dyn FnMut(&[f32]) -> Option<Graph>,
+/// Where a sharded build reads its stored vectors.
+pub trait Rows {
+    fn len(&self) -> usize;
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Stored floats a row.
+    fn dim(&self) -> usize;
+    /// Appends the rows of `ids` (ascending) to `out`.
+    fn read(&mut self, ids: &[u32], out: &mut Vec<f32>);
+}
+
+/// Where a sharded build keeps each shard's lists until the merge: `degree`
+/// (global id, distance) entries a node, NO_NODE-padded, in the shard's
+/// order of its (ascending) ids.
+pub trait Lists {
+    /// Appends shard `shard`'s next lists.
+    fn write(&mut self, shard: usize, lists: &[(u32, f32)]);
+    /// Appends the lists of the shard's nodes `first..first + count`
+    /// (positions in the shard) to `out`.
+    fn read(&mut self, shard: usize, first: usize, count: usize, out: &mut Vec<(u32, f32)>);
+}
+
+/// Builds one shard's graph. `start` hands over a shard's rows (it may
+/// build them on another thread meanwhile: the loop reads the next shard
+/// then); `finish` waits for that graph and gives the rows back, or None
+/// when the build was cancelled or failed.
+pub trait ShardBuilder {
+    /// Whether the next shard's rows should be read while one builds (a
+    /// builder on another thread: the GPU); else they are read after, and
+    /// the host never holds two shards.
+    fn reads_ahead(&self) -> bool {
+        false
+    }
+    fn start(&mut self, rows: Vec<f32>);
+    fn finish(&mut self) -> Option<(Graph, Vec<f32>)>;
+}
+
+/// A builder that builds in `finish`, on the calling thread.
+pub struct Inline<F: FnMut(&[f32]) -> Option<Graph>>(pub F, Option<Vec<f32>>);
+
+impl<F: FnMut(&[f32]) -> Option<Graph>> Inline<F> {
+    pub fn new(build: F) -> Self {
+        Inline(build, None)
+    }
+}
+
+impl<F: FnMut(&[f32]) -> Option<Graph>> ShardBuilder for Inline<F> {
+    fn start(&mut self, rows: Vec<f32>) {
+        self.1 = Some(rows);
+    }
+    fn finish(&mut self) -> Option<(Graph, Vec<f32>)> {
+        let rows = self.1.take()?;
+        let g = (self.0)(&rows)?;
+        Some((g, rows))
+    }
+}
+
+/// How a sharded build is cut up.
+#[derive(Clone, Copy, Debug)]
+pub struct Plan {
+    /// neighbours a node
+    pub degree: usize,
+    /// the partition's sampling
+    pub seed: u64,
+    /// rows of a shard at most
+    pub max_rows: usize,
+    /// points k-means samples
+    pub sample: usize,
+    /// rows read at a time to assign them to shards
+    pub assign_batch: usize,
+    /// nodes merged at a time (the caller writes their lists together)
+    pub merge_batch: usize,
+}
+
+impl Plan {
+    /// With every vector in memory: batches as large as convenient.
+    pub fn in_memory(params: &crate::params::BuildParams, max_rows: usize) -> Plan {
+        let (degree, seed) = (params.degree, params.seed);
+        Plan { degree, seed, max_rows, sample: SAMPLE, assign_batch: 1 << 20, merge_batch: 1 << 16 }
+    }
+}
+
+/// Builds the graph over `rows` in shards of at most `plan.max_rows`;
+/// `merged` gets the final lists (`degree` ids a node, NO_NODE-padded) of
+/// consecutive nodes from node 0 on, `plan.merge_batch` at a time;
+/// `progress` gets the shards built and their number, and stops the build
+/// by returning false. The graph's entry point (the node nearest the
+/// sample's mean) and what was done; None when cancelled. Connectivity is
+/// the caller's to repair (`merge::ensure_reachable`, or through the pages).
+pub fn build_in_shards(
+    rows: &mut dyn Rows,
+    lists: &mut dyn Lists,
+    plan: Plan,
+    builder: &mut dyn ShardBuilder,
+    merged: &mut dyn FnMut(usize, &[u32]),
     progress: &mut dyn FnMut(usize, usize) -> bool,
-) -> Option<(Graph, ShardStats)> {
-    let n = vectors.len() / dim;
+) -> Option<(u32, ShardStats)> {
+    let (n, dim, degree) = (rows.len(), rows.dim(), plan.degree);
+    assert!(n > 0, "a sharded build of no rows");
     let t = Instant::now();
-    let (k, cap) = plan(n, max_rows.max(2));
-    let parts = partition(vectors, dim, k, cap, SAMPLE, params.seed);
+    let (k, cap) = partition::plan(n, plan.max_rows.max(2));
+    let (shards, entry) = assign(rows, k, cap, plan);
     let mut stats = ShardStats {
         shards: k,
-        largest: parts.shards.iter().map(Vec::len).max().unwrap_or(0),
-        overlap: parts.shards.iter().map(Vec::len).sum::<usize>() as f64 / n.max(1) as f64,
+        largest: shards.iter().map(Vec::len).max().unwrap_or(0),
+        overlap: shards.iter().map(Vec::len).sum::<usize>() as f64 / n as f64,
         partition_ms: t.elapsed().as_secs_f64() * 1e3,
         ..ShardStats::default()
     };
@@ -57,45 +153,201 @@ pub fn build_sharded(
         return None;
     }
     let t = Instant::now();
-    let graphs = std::thread::scope(|scope| {
-        let mut graphs = Vec::with_capacity(k);
-        let mut next = Some(gather(vectors, dim, &parts.shards[0]));
-        for s in 0..k {
-            let rows = next.take().expect("gathered ahead");
-            // the next shard's rows are gathered while this one builds
-            let ahead = parts.shards.get(s + 1).map(|ids| scope.spawn(move || gather(vectors, dim, ids)));
-            let built = build_shard(&rows);
-            drop(rows);
-            next = ahead.map(|h| h.join().expect("gathering a shard's rows"));
-            graphs.push(built?);
-            if !progress(s + 1, k) {
-                return None;
-            }
+    let ahead = builder.reads_ahead();
+    builder.start(read_all(rows, &shards[0]));
+    for s in 0..k {
+        let next = |rows: &mut dyn Rows| shards.get(s + 1).map(|ids| read_all(rows, ids));
+        // read while this shard builds, when the builder works elsewhere
+        let read = if ahead { next(rows) } else { None };
+        let (graph, shard_rows) = builder.finish()?;
+        if let Some(r) = read {
+            builder.start(r);
         }
-        Some(graphs)
-    })?;
+        lists.write(s, &with_distances(&graph, &shard_rows, dim, &shards[s], degree));
+        drop((graph, shard_rows));
+        if let Some(r) = if ahead { None } else { next(rows) } {
+            builder.start(r);
+        }
+        if !progress(s + 1, k) {
+            return None;
+        }
+    }
     stats.shards_ms = t.elapsed().as_secs_f64() * 1e3;
     let t = Instant::now();
-    // the merge's refinement rounds count as one more step of the progress
-    let (graph, repaired) =
-        crate::merge::merge(vectors, dim, params, &parts.shards, &graphs, &mut |_: usize, _: usize| progress(k, k))?;
+    merge(&shards, lists, degree, plan.merge_batch.max(1), merged);
     stats.merge_ms = t.elapsed().as_secs_f64() * 1e3;
-    stats.repaired = repaired;
+    Some((entry, stats))
+}
+
+/// The partition: k-means on a sample, every row read once more in
+/// batches to assign it; also the row nearest the sample's mean (the
+/// graph's entry point).
+fn assign(rows: &mut dyn Rows, k: usize, cap: usize, plan: Plan) -> (Vec<Vec<u32>>, u32) {
+    let (n, dim, seed) = (rows.len(), rows.dim(), plan.seed);
+    let sample = read_all(rows, &sample_ids(n, plan.sample.max(k), seed));
+    let m = sample.len() / dim;
+    let mut mean = vec![0f64; dim];
+    for row in sample.chunks_exact(dim) {
+        mean.iter_mut().zip(row).for_each(|(a, &x)| *a += x as f64);
+    }
+    let mean: Vec<f32> = mean.iter().map(|s| (s / m as f64) as f32).collect();
+    let centroids = if k == 1 { mean.clone() } else { kmeans(&sample, dim, k, seed) };
+    drop(sample);
+    let mut assigner = Assigner::new(centroids, dim, n, cap);
+    let mut nearest = (f32::INFINITY, 0u32);
+    let mut batch = Vec::new();
+    for first in (0..n).step_by(plan.assign_batch.max(1)) {
+        let ids: Vec<u32> = (first as u32..(first + plan.assign_batch).min(n) as u32).collect();
+        batch.clear();
+        rows.read(&ids, &mut batch);
+        let best = batch
+            .par_chunks_exact(dim)
+            .enumerate()
+            .map(|(i, r)| (l2sq(r, &mean), first as u32 + i as u32))
+            .min_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+        if let Some(b) = best.filter(|b| b.0 < nearest.0) {
+            nearest = b;
+        }
+        assigner.add(&batch);
+    }
+    (assigner.finish().shards, nearest.1)
+}
+
+fn read_all(rows: &mut dyn Rows, ids: &[u32]) -> Vec<f32> {
+    let mut out = Vec::with_capacity(ids.len() * rows.dim());
+    rows.read(ids, &mut out);
+    out
+}
+
+/// A shard's lists in global ids, each entry with its distance (computed
+/// here, from the shard's rows, on every core).
+fn with_distances(graph: &Graph, rows: &[f32], dim: usize, ids: &[u32], degree: usize) -> Vec<(u32, f32)> {
+    let mut out = vec![(NO_NODE, 0f32); ids.len() * degree];
+    let row = |i: u32| &rows[i as usize * dim..(i as usize + 1) * dim];
+    out.par_chunks_mut(degree).enumerate().for_each(|(local, list)| {
+        for (slot, nb) in list.iter_mut().zip(graph.neighbors(local as u32)) {
+            *slot = (ids[nb as usize], graph_distance(row(local as u32), row(nb)));
+        }
+    });
+    out
+}
+
+/// The merge, `batch` nodes at a time: each node's lists from its shards
+/// read back (a batch's nodes are a contiguous run of each shard's
+/// positions, its ids being ascending) and united (`merge::union_cut`).
+fn merge(
+    shards: &[Vec<u32>],
+    lists: &mut dyn Lists,
+    degree: usize,
+    batch: usize,
+    merged: &mut dyn FnMut(usize, &[u32]),
+) {
+    let n = shards.iter().flat_map(|s| s.last()).max().map_or(0, |&m| m as usize + 1);
+    let mut got = Vec::new();
+    for first in (0..n).step_by(batch) {
+        let last = (first + batch).min(n);
+        let mut cands: Vec<Vec<(f32, u32)>> = vec![Vec::with_capacity(2 * degree); last - first];
+        for (s, ids) in shards.iter().enumerate() {
+            let lo = ids.partition_point(|&x| (x as usize) < first);
+            let hi = ids.partition_point(|&x| (x as usize) < last);
+            if lo == hi {
+                continue;
+            }
+            got.clear();
+            lists.read(s, lo, hi - lo, &mut got);
+            for (&x, list) in ids[lo..hi].iter().zip(got.chunks_exact(degree)) {
+                cands[x as usize - first].extend(list.iter().take_while(|e| e.0 != NO_NODE).map(|&(id, d)| (d, id)));
+            }
+        }
+        let mut out = vec![NO_NODE; (last - first) * degree];
+        out.par_chunks_mut(degree)
+            .zip(cands.par_iter())
+            .enumerate()
+            .for_each_init(Vec::new, |scratch, (i, (o, c))| crate::merge::union_cut((first + i) as u32, c, scratch, o));
+        merged(first, &out);
+    }
+}
+
+/// Rows held in memory.
+pub struct InMemory<'a> {
+    pub vectors: &'a [f32],
+    pub dim: usize,
+}
+
+impl Rows for InMemory<'_> {
+    fn len(&self) -> usize {
+        self.vectors.len() / self.dim
+    }
+    fn dim(&self) -> usize {
+        self.dim
+    }
+    fn read(&mut self, ids: &[u32], out: &mut Vec<f32>) {
+        gather(self.vectors, self.dim, ids, out)
+    }
+}
+
+/// Lists held in memory, shard by shard.
+#[derive(Default)]
+pub struct ListsInMemory(Vec<Vec<(u32, f32)>>, usize);
+
+impl ListsInMemory {
+    pub fn new(degree: usize) -> Self {
+        ListsInMemory(Vec::new(), degree)
+    }
+}
+
+impl Lists for ListsInMemory {
+    fn write(&mut self, shard: usize, lists: &[(u32, f32)]) {
+        if self.0.len() <= shard {
+            self.0.resize(shard + 1, Vec::new());
+        }
+        self.0[shard].extend_from_slice(lists);
+    }
+    fn read(&mut self, shard: usize, first: usize, count: usize, out: &mut Vec<(u32, f32)>) {
+        out.extend_from_slice(&self.0[shard][first * self.1..(first + count) * self.1]);
+    }
+}
+
+/// Builds the graph over `vectors` (n × `dim` stored vectors, all in
+/// memory) in shards of at most `max_rows`, each built by `build_shard`
+/// (None: cancelled, and so is the build); `progress` as in
+/// [`build_in_shards`]. Every node is made reachable from the entry.
+pub fn build_sharded(
+    vectors: &[f32],
+    dim: usize,
+    params: &crate::params::BuildParams,
+    max_rows: usize,
+    build_shard: &mut dyn FnMut(&[f32]) -> Option<Graph>,
+    progress: &mut dyn FnMut(usize, usize) -> bool,
+) -> Option<(Graph, ShardStats)> {
+    let degree = params.degree;
+    let mut adjacency = vec![NO_NODE; vectors.len() / dim * degree];
+    let (entry, mut stats) = build_in_shards(
+        &mut InMemory { vectors, dim },
+        &mut ListsInMemory::new(degree),
+        Plan::in_memory(params, max_rows),
+        &mut Inline::new(build_shard),
+        &mut |first, lists| adjacency[first * degree..first * degree + lists.len()].copy_from_slice(lists),
+        progress,
+    )?;
+    let mut graph = Graph { degree, adjacency, entry: Some(entry) };
+    let t = Instant::now();
+    stats.repaired = crate::merge::ensure_reachable(&mut graph, vectors, dim);
+    stats.merge_ms += t.elapsed().as_secs_f64() * 1e3;
     Some((graph, stats))
 }
 
-/// The rows of `ids`, contiguous, copied on every core (at 10M x 96 one
-/// shard is 0.85 GB).
-fn gather(vectors: &[f32], dim: usize, ids: &[u32]) -> Vec<f32> {
-    let len = ids.len() * dim;
-    let mut rows: Vec<f32> = Vec::with_capacity(len);
-    rows.spare_capacity_mut()[..len].par_chunks_mut(dim.max(1)).zip(ids.par_iter()).for_each(|(out, &i)| {
-        out.write_copy_of_slice(&vectors[i as usize * dim..(i as usize + 1) * dim]);
+/// Appends the rows of `ids` to `out`, copied on every core (at 10M x 96
+/// one shard is 0.85 GB).
+fn gather(vectors: &[f32], dim: usize, ids: &[u32], out: &mut Vec<f32>) {
+    let (at, len) = (out.len(), ids.len() * dim);
+    out.reserve(len);
+    out.spare_capacity_mut()[..len].par_chunks_mut(dim.max(1)).zip(ids.par_iter()).for_each(|(o, &i)| {
+        o.write_copy_of_slice(&vectors[i as usize * dim..(i as usize + 1) * dim]);
     });
-    // SAFETY: every one of the `len` values was written above (one row of
-    // `dim` for each id).
-    unsafe { rows.set_len(len) };
-    rows
+    // SAFETY: every one of the `len` values after `at` was written above
+    // (one row of `dim` for each id).
+    unsafe { out.set_len(at + len) };
 }
 
 #[cfg(test)]
@@ -104,6 +356,7 @@ mod tests {
     use crate::dataset::{data_dir, read_vectors};
     use crate::flat::FlatIndex;
     use crate::metric::Metric;
+    use crate::params::BuildParams;
     use crate::random::SplitMix64;
     use crate::recall::{exact_knn, mean_recall};
     use crate::rnn_descent;

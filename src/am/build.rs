@@ -10,13 +10,14 @@ use std::time::Instant;
 
 use gpu_graph_engine::merge;
 use gpu_graph_engine::params::BuildParams;
+use gpu_graph_engine::repair::relink;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 
-use super::construct::{construct, Constructed, Device};
+use super::construct::{construct, construct_paged, Constructed, Device, PagedBuild};
 use super::loader::Loader;
 use super::vector::{check_encodable, check_storage};
-use super::{options, parallel_scan};
+use super::{options, paged, parallel_scan};
 use crate::storage::bulk::BulkWriter;
 use crate::storage::meta::{Meta, PHASES};
 use crate::storage::page_store::PageStore;
@@ -110,6 +111,7 @@ impl Pages {
 /// The NOTICE that sums a build up.
 fn notice_built(
     loader: &Loader,
+    n: usize,
     workers: usize,
     built: &Constructed,
     timings: [f32; 6],
@@ -156,7 +158,7 @@ fn notice_built(
     // nothing at CREATE INDEX; the numbers stay in gpu_graph_info
     debug1!(
         "gpu_graph: built {} rows ({} dims, {}) on {device} in {:.2} s: {}; {}{}",
-        loader.payloads.len(),
+        n,
         loader.dim,
         loader.metric.name(),
         total.elapsed().as_secs_f64(),
@@ -191,6 +193,114 @@ fn vector_pages<'a>(
 fn nodes_written(done: u32) {
     report(pg_sys::PROGRESS_CREATEIDX_TUPLES_DONE, done as i64);
     pg_sys::check_for_interrupts!();
+}
+
+/// The heap scan's outcome, for a paged build.
+struct Scan<'a> {
+    loader: &'a Loader,
+    heap_tuples: f64,
+    workers: usize,
+    load_ms: f32,
+    streamed_ms: f32,
+}
+
+/// The rest of CREATE INDEX when the scan went paged (its vectors exceed
+/// maintenance_work_mem, so every one went to its vector page as it was
+/// read): the graph built in shards read back from those pages
+/// (`construct_paged`), its lists written as the merge makes them, then
+/// every node made reachable through the pages.
+///
+/// # Safety
+/// `index` is ambuild's index, `out` its writer, which wrote the vector
+/// pages of every row the scan read through `vector_writer`.
+#[allow(clippy::too_many_arguments)]
+unsafe fn build_paged(
+    index: pg_sys::Relation,
+    scan: Scan,
+    mut meta: Meta,
+    mut out: BulkWriter,
+    mut vector_writer: Option<VectorPages>,
+    params: &BuildParams,
+    knn: gpu_graph_gpu::KnnInit,
+    total: Instant,
+) -> *mut pg_sys::IndexBuildResult {
+    let loader = scan.loader;
+    meta.dim = loader.dim as u32;
+    let vectors_out = vector_pages(&mut vector_writer, &mut out, &meta, loader.dim);
+    let t = Instant::now();
+    let n = vectors_out.finish(&mut out, &mut nodes_written);
+    out.write_queued();
+    let vector_ms = scan.streamed_ms + ms(t);
+    meta.node_count = n as u32;
+    meta.built_rows = n as u64;
+    let layout = meta.layout();
+    let vector_bytes = out.bytes;
+    report(pg_sys::PROGRESS_CREATEIDX_SUBPHASE, PHASE_BUILD);
+    // SAFETY: a plain setting of this backend (kB).
+    let budget = unsafe { pg_sys::maintenance_work_mem } as usize * 1024;
+    let plan = |ahead: bool| {
+        paged::plan(n, budget, &layout, params, ahead).unwrap_or_else(|least| {
+            ereport!(
+                ERROR,
+                PgSqlErrorCode::ERRCODE_PROGRAM_LIMIT_EXCEEDED,
+                format!(
+                    "gpu_graph: maintenance_work_mem ({} MB) is too small to build this index even in shards read back from its pages: it needs about {} MB for shards of {} rows",
+                    budget >> 20,
+                    (least >> 20) + 1,
+                    paged::min_shard_rows(n)
+                ),
+                format!("Raise it for this build, e.g. SET maintenance_work_mem = '{}MB';", (least >> 20) + 1)
+            );
+        })
+    };
+    // SAFETY: the index's vector pages of nodes 0..n are in its file (the
+    // writer wrote out its queue above).
+    let mut rows = unsafe { paged::PageRows::new(index, layout, n) };
+    let mut lists = paged::TempLists::new(params.degree);
+    let mut graph_ms = 0.0;
+    let mut merged = |first: usize, part: &[u32]| {
+        let t = Instant::now();
+        writer::write_lists(&mut out, &layout, first, n, part, &mut |_| {
+            pg_sys::check_for_interrupts!();
+        });
+        graph_ms += ms(t);
+    };
+    let mut built = construct_paged(PagedBuild {
+        rows: &mut rows,
+        lists: &mut lists,
+        params,
+        knn,
+        plan: &plan,
+        merged: &mut merged,
+    });
+    drop(lists);
+    report(pg_sys::PROGRESS_CREATEIDX_SUBPHASE, PHASE_GRAPH);
+    writer::write_meta(&mut out, &meta);
+    let pages = Pages {
+        vector_bytes,
+        graph_bytes: out.bytes - vector_bytes,
+        logged_bytes: out.wal().then_some(out.bytes),
+        streamed_ms: scan.streamed_ms,
+    };
+    out.finish();
+    let timings = [scan.load_ms, 0.0, built.construct_ms - graph_ms, 0.0, vector_ms, graph_ms];
+    // SAFETY: the index is open and whole from here on.
+    unsafe { record_build(index, &built, timings, scan.workers) };
+    // nodes no walk reaches get a link from a reached one, through the pages
+    let t = Instant::now();
+    // SAFETY: as above.
+    let store = unsafe { PageStore::new(index, &Meta::read(index)) };
+    let linked = relink(&store);
+    if let Some(st) = built.shards.as_mut() {
+        st.repaired = linked;
+        st.merge_ms += t.elapsed().as_secs_f64() * 1e3;
+    }
+    notice_built(loader, n, scan.workers, &built, timings, &pages, total);
+    // SAFETY: as in ambuild.
+    let mut result = unsafe { pgrx::PgBox::<pg_sys::IndexBuildResult>::alloc0() };
+    result.heap_tuples = scan.heap_tuples;
+    result.index_tuples = n as f64;
+    result.into_pg()
 }
 
 #[pg_guard]
@@ -229,6 +339,12 @@ pub unsafe extern "C-unwind" fn ambuild(
     let mut loader = scanned.loader;
     let (max_norm, pinned) = loader.finish();
     let load_ms = ms(t);
+    if scanned.paged {
+        let scan =
+            Scan { loader: &loader, heap_tuples: scanned.heap_tuples, workers: scanned.workers, load_ms, streamed_ms };
+        // SAFETY: ambuild's index, its vector pages written by `out`.
+        return unsafe { build_paged(index, scan, meta, out, vector_writer, &params, knn, total) };
+    }
 
     let n = loader.payloads.len();
     meta.dim = loader.dim as u32;
@@ -289,7 +405,7 @@ pub unsafe extern "C-unwind" fn ambuild(
     let timings = [load_ms, built.upload_ms, built.construct_ms, built.download_ms, vector_ms, graph_ms];
     // SAFETY: the index is open, and a gpu_graph index from its meta page on.
     unsafe { record_build(index, &built, timings, scanned.workers) };
-    notice_built(&loader, scanned.workers, &built, timings, &pages, total);
+    notice_built(&loader, n, scanned.workers, &built, timings, &pages, total);
 
     // SAFETY: ambuild runs in a memory context that outlives its result,
     // where alloc0 pallocs a zeroed IndexBuildResult.

@@ -4,14 +4,14 @@
 //! same scans.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::OnceLock;
+use std::sync::{mpsc, OnceLock};
 use std::time::{Duration, Instant};
 
 use gpu_graph_engine::cost;
 use gpu_graph_engine::graph::Graph;
 use gpu_graph_engine::params::BuildParams;
 use gpu_graph_engine::rnn_descent;
-use gpu_graph_engine::sharded::{self, ShardStats};
+use gpu_graph_engine::sharded::{self, Lists, Plan, Rows, ShardBuilder, ShardStats};
 use gpu_graph_gpu::{device_bytes, Control, Gpu, GpuError, KnnInit};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
@@ -90,8 +90,7 @@ fn report_rounds(done: usize, total: usize) {
     }
 }
 
-/// The fewest rows a shard may hold: a budget that fits fewer cannot build.
-const MIN_SHARD_ROWS: usize = 1000;
+use super::paged::MIN_SHARD_ROWS;
 
 /// The most rows one GPU build fits in `budget` bytes (device_bytes grows
 /// with the rows).
@@ -110,6 +109,24 @@ fn rows_within(budget: usize, stored_dim: usize, params: &BuildParams, knn: KnnI
         }
     }
     lo
+}
+
+/// The most rows a shard may hold within `budget` bytes of the device's
+/// `usable` ones; an error when fewer than MIN_SHARD_ROWS fit.
+fn shard_rows_on_gpu(
+    budget: usize,
+    usable: usize,
+    stored_dim: usize,
+    params: &BuildParams,
+    knn: KnnInit,
+) -> Result<usize, GpuError> {
+    let max_rows = rows_within(budget, stored_dim, params, knn);
+    if max_rows < MIN_SHARD_ROWS {
+        let needed = device_bytes(MIN_SHARD_ROWS, stored_dim, params, knn.exact(MIN_SHARD_ROWS));
+        let what = format!("a shard of {MIN_SHARD_ROWS} rows within gpu_graph.build_gpu_memory ({} MiB)", budget >> 20);
+        return Err(GpuError::OutOfMemory { needed, free: usable, what });
+    }
+    Ok(max_rows)
 }
 
 /// Builds the graph on the GPU: whole when the build fits in `budget_mb`
@@ -139,12 +156,7 @@ fn on_gpu(
             shards: None,
         });
     }
-    let max_rows = rows_within(budget, stored_dim, params, knn);
-    if max_rows < MIN_SHARD_ROWS {
-        let needed = device_bytes(MIN_SHARD_ROWS, stored_dim, params, knn.exact(MIN_SHARD_ROWS));
-        let what = format!("a shard of {MIN_SHARD_ROWS} rows within gpu_graph.build_gpu_memory ({} MiB)", budget >> 20);
-        return Err(GpuError::OutOfMemory { needed, free: usable, what });
-    }
+    let max_rows = shard_rows_on_gpu(budget, usable, stored_dim, params, knn)?;
     let (k, cap) = gpu_graph_engine::partition::plan(n, max_rows);
     let e = cost::estimate(n, stored_dim, k, &vec![(2 * n).div_ceil(k).min(cap); k], 1);
     let _ = watch.plan.set(format!(
@@ -257,25 +269,211 @@ pub fn construct(
             // only the guard stops the GPU thread, and it is set on the way
             // out of the scope, never before the thread is done
             Err(GpuError::Cancelled) => unreachable!("the GPU build stopped with no one leaving"),
-            Err(e) if want == BuildDevice::Gpu => {
-                ereport!(
-                    ERROR,
-                    PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
-                    format!("gpu_graph: cannot build on the GPU: {e}"),
-                    "SET gpu_graph.build_device = auto (or cpu) to build on the CPU."
-                );
-            }
-            Err(e) => {
-                ereport!(
-                    WARNING,
-                    PgSqlErrorCode::ERRCODE_WARNING,
-                    format!("gpu_graph: building on the CPU: {e}"),
-                    "SET gpu_graph.build_device = cpu to build on the CPU without trying a GPU."
-                );
-            }
+            Err(e) => fall_back(want, &e),
         }
         return on_cpu(vectors, stored_dim, params);
     }
     meanwhile();
     on_cpu(vectors, stored_dim, params)
+}
+
+/// A paged build's shards on the GPU: a thread of its own opens the device
+/// and builds each shard it is sent, while the backend reads the next
+/// shard's rows from the pages and keeps serving interrupts.
+struct GpuShards<'a> {
+    to: Option<mpsc::Sender<Vec<f32>>>,
+    from: mpsc::Receiver<Result<(Graph, Vec<f32>), GpuError>>,
+    watch: &'a Watch,
+    failed: Option<GpuError>,
+}
+
+impl ShardBuilder for GpuShards<'_> {
+    fn reads_ahead(&self) -> bool {
+        true
+    }
+    fn start(&mut self, rows: Vec<f32>) {
+        if let Some(to) = &self.to {
+            // a closed channel: the thread failed, which finish reports
+            let _ = to.send(rows);
+        }
+    }
+    fn finish(&mut self) -> Option<(Graph, Vec<f32>)> {
+        loop {
+            match self.from.recv_timeout(Duration::from_millis(10)) {
+                Ok(Ok(built)) => return Some(built),
+                Ok(Err(e)) => {
+                    self.failed = Some(e);
+                    return None;
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    report_rounds(self.watch.done.load(Ordering::Relaxed), self.watch.total.load(Ordering::Relaxed));
+                    pg_sys::check_for_interrupts!();
+                }
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    self.failed.get_or_insert(GpuError::Cuda("the GPU build thread ended".into()));
+                    return None;
+                }
+            }
+        }
+    }
+}
+
+/// What a paged build needs besides its rows and lists.
+pub struct PagedBuild<'a> {
+    pub rows: &'a mut dyn Rows,
+    pub lists: &'a mut dyn Lists,
+    pub params: &'a BuildParams,
+    pub knn: KnnInit,
+    /// the host's plan for a builder that reads ahead (the GPU's) or not
+    pub plan: &'a dyn Fn(bool) -> Plan,
+    /// gets the merged lists of consecutive nodes
+    pub merged: &'a mut dyn FnMut(usize, &[u32]),
+}
+
+/// The graph of a paged build (its vectors in the index's pages, read
+/// back shard by shard): on the GPU where `gpu_graph.build_device` allows
+/// and one opens, each shard within both maintenance_work_mem and
+/// `gpu_graph.build_gpu_memory`; else on the CPU. The graph's lists go to
+/// `merged`; the result's graph holds only the entry point.
+pub fn construct_paged(b: PagedBuild) -> Constructed {
+    let t = Instant::now();
+    let want = BUILD_DEVICE.get();
+    let n = b.rows.len();
+    let sd = b.rows.dim();
+    let (params, knn) = (b.params, b.knn);
+    let mut built = None;
+    if want != BuildDevice::Cpu {
+        let watch = Watch::default();
+        let aside = GpuBuild::begin();
+        let (rows_tx, rows_rx) = mpsc::channel::<Vec<f32>>();
+        let (graph_tx, graph_rx) = mpsc::channel();
+        let (ready_tx, ready_rx) = mpsc::channel::<Result<(usize, String), GpuError>>();
+        let outcome = std::thread::scope(|s| {
+            let watch = &watch;
+            s.spawn(move || {
+                crate::threads::block_signals();
+                let gpu = match Gpu::open().and_then(|g| Ok((g.usable_memory()?, g))) {
+                    Ok((usable, gpu)) => {
+                        let _ = ready_tx.send(Ok((usable, gpu.info().name.clone())));
+                        gpu
+                    }
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e));
+                        return;
+                    }
+                };
+                for rows in rows_rx {
+                    let r = gpu_graph_gpu::build(&gpu, &rows, sd, params, knn, watch).map(|(g, _)| (g, rows));
+                    if graph_tx.send(r).is_err() || watch.stop() {
+                        return;
+                    }
+                }
+            });
+            let _stop = StopOnDrop(watch);
+            let (usable, name) = loop {
+                match ready_rx.recv_timeout(Duration::from_millis(10)) {
+                    Ok(r) => break r?,
+                    Err(mpsc::RecvTimeoutError::Timeout) => {
+                        pg_sys::check_for_interrupts!();
+                    }
+                    Err(mpsc::RecvTimeoutError::Disconnected) => {
+                        return Err(GpuError::Cuda("the GPU build thread ended".into()));
+                    }
+                }
+            };
+            let budget_mb = BUILD_GPU_MEMORY.get().max(0) as usize;
+            let budget = if budget_mb > 0 { (budget_mb << 20).min(usable) } else { usable };
+            let mut plan = (b.plan)(true);
+            plan.max_rows = plan.max_rows.min(shard_rows_on_gpu(budget, usable, sd, params, knn)?);
+            let (k, cap) = gpu_graph_engine::partition::plan(n, plan.max_rows);
+            let e = cost::estimate(n, sd, k, &vec![(2 * n).div_ceil(k).min(cap); k], 1);
+            notice!(
+                "gpu_graph: building {n} rows read back from the index's pages in {k} shards of at most {cap} rows (the vectors exceed maintenance_work_mem); expected {:.1} s of graph construction",
+                e.total_s()
+            );
+            let mut gpu = GpuShards { to: Some(rows_tx), from: graph_rx, watch, failed: None };
+            let r = sharded::build_in_shards(
+                b.rows,
+                b.lists,
+                plan,
+                &mut gpu,
+                b.merged,
+                &mut |done: usize, total: usize| {
+                    watch.shards.store(total, Ordering::Relaxed);
+                    watch.shard.store(done, Ordering::Relaxed);
+                    pg_sys::check_for_interrupts!();
+                    true
+                },
+            );
+            // the thread's loop ends with its channel
+            gpu.to = None;
+            r.ok_or_else(|| gpu.failed.take().unwrap_or(GpuError::Cancelled)).map(|r| (r, name))
+        });
+        drop(aside);
+        match outcome {
+            Ok(((entry, stats), name)) => built = Some((entry, stats, Device::Gpu { name })),
+            Err(GpuError::Cancelled) => unreachable!("the GPU build stopped with no one leaving"),
+            Err(e) => fall_back(want, &e),
+        }
+    }
+    let (entry, stats, device) = built.unwrap_or_else(|| {
+        let (shard, total) = (std::cell::Cell::new(0), std::cell::Cell::new(1));
+        let mut cpu = sharded::Inline::new(|rows: &[f32]| {
+            Some(
+                rnn_descent::build(rows, sd, params, &mut |done: usize, all: usize| {
+                    report_rounds(shard.get() * all + done, total.get() * all);
+                    pg_sys::check_for_interrupts!();
+                    true
+                })
+                .unwrap_or_else(|| error!("gpu_graph: index build cancelled")),
+            )
+        });
+        let plan = (b.plan)(false);
+        let (k, cap) = gpu_graph_engine::partition::plan(n, plan.max_rows);
+        notice!(
+            "gpu_graph: building {n} rows read back from the index's pages in {k} shards of at most {cap} rows on the CPU (the vectors exceed maintenance_work_mem)"
+        );
+        let (entry, stats) = sharded::build_in_shards(
+            b.rows,
+            b.lists,
+            plan,
+            &mut cpu,
+            b.merged,
+            &mut |done: usize, all: usize| {
+                shard.set(done);
+                total.set(all);
+                pg_sys::check_for_interrupts!();
+                true
+            },
+        )
+        .unwrap_or_else(|| error!("gpu_graph: index build cancelled"));
+        (entry, stats, Device::Cpu { threads: rayon::current_num_threads() })
+    });
+    Constructed {
+        graph: Graph { degree: params.degree, adjacency: Vec::new(), entry: Some(entry) },
+        device,
+        upload_ms: 0.0,
+        construct_ms: t.elapsed().as_secs_f32() * 1000.0,
+        download_ms: 0.0,
+        shards: Some(stats),
+    }
+}
+
+/// A GPU build that could not run: an ERROR when the GPU was asked for,
+/// else a WARNING and the CPU.
+fn fall_back(want: BuildDevice, e: &GpuError) {
+    if want == BuildDevice::Gpu {
+        ereport!(
+            ERROR,
+            PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            format!("gpu_graph: cannot build on the GPU: {e}"),
+            "SET gpu_graph.build_device = auto (or cpu) to build on the CPU."
+        );
+    }
+    ereport!(
+        WARNING,
+        PgSqlErrorCode::ERRCODE_WARNING,
+        format!("gpu_graph: building on the CPU: {e}"),
+        "SET gpu_graph.build_device = cpu to build on the CPU without trying a GPU."
+    );
 }

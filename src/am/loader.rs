@@ -3,9 +3,15 @@
 //! its TID. The same loader serves the serial scan and each participant of a
 //! parallel one (`parallel_scan`), which then share the row count (for the
 //! maintenance_work_mem budget) and the dimension.
+//!
+//! Past the budget, where a row's stored form is its own (every metric but
+//! inner product), the scan goes on "paged": the rows go on to the build's
+//! [`Stream`] (serial scan) or a worker's spill (parallel scan) rather than
+//! stay held, so the vectors never all sit in memory. Inner product needs
+//! every vector (for the largest norm) and raises its ERROR there.
 
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
 use gpu_graph_engine::metric::Metric;
 use gpu_graph_engine::params::BuildParams;
@@ -13,6 +19,7 @@ use gpu_graph_engine::{distance, outliers};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 
+use super::parallel_scan::Stream;
 use super::vector::{at_tid, check_dim, checked};
 use crate::storage::codec::tid_to_payload;
 
@@ -26,6 +33,12 @@ pub struct SharedCounts {
     pub rows: AtomicU64,
     /// the dimension of the first row any participant saw (0: none yet)
     pub dim: AtomicU32,
+    /// whether the scan may go paged: the leader streams every worker
+    /// batch (set before the workers start)
+    pub pageable: bool,
+    /// set by the first participant past the budget (when pageable): from
+    /// then on none counts rows, and the leader frees each batch it streams
+    pub paged: AtomicBool,
 }
 
 pub struct Loader {
@@ -51,6 +64,9 @@ pub struct Loader {
     /// in a parallel worker, where the rows go every [`Loader::SPILL_BYTES`]
     /// (and at the end), so that the worker never holds its whole share
     spill: Option<Spill>,
+    /// past the budget: the budget is not checked any more, and the rows go
+    /// on to the scan's stream (or the spill) rather than stay held
+    pub paged: bool,
 }
 
 /// Takes a batch of rows: their stored vectors and payloads.
@@ -81,6 +97,7 @@ impl Loader {
             claim_base: 0,
             claim_left: 0,
             spill: None,
+            paged: false,
         }
     }
 
@@ -137,7 +154,49 @@ impl Loader {
         self
     }
 
-    fn add(&mut self, v: &[f32], payload: u64, whence: &dyn Fn() -> String) {
+    /// Whether this scan is paged (a participant of a parallel one may have
+    /// made it so); then rows are not counted.
+    fn paged_now(&mut self) -> bool {
+        if !self.paged && self.shared.is_some_and(|s| s.paged.load(Ordering::Acquire)) {
+            self.paged = true;
+        }
+        self.paged
+    }
+
+    /// The budget is exceeded at `rows` rows of `per_row` bytes: the scan
+    /// goes paged where it can (`can_page`: the rows have a stream to go
+    /// to), else the ERROR.
+    fn over_budget(&mut self, rows: usize, per_row: usize, can_page: bool) {
+        // a worker's spill goes to a leader that streams it when pageable
+        let spilled = self.spill.is_some() && self.shared.is_some_and(|s| s.pageable);
+        let can_page = self.metric.stored_alone() && (can_page || spilled);
+        if can_page {
+            self.paged = true;
+            if let Some(s) = self.shared {
+                s.paged.store(true, Ordering::Release);
+            }
+            return;
+        }
+        let needed = (self.estimated_rows.max(rows as f64) * per_row as f64 / 1048576.0).ceil();
+        let raise = if self.metric.stored_alone() {
+            "Raise it for this build"
+        } else {
+            "An inner-product index needs all its vectors in memory to build: raise it for this build"
+        };
+        ereport!(
+            ERROR,
+            PgSqlErrorCode::ERRCODE_PROGRAM_LIMIT_EXCEEDED,
+            format!(
+                "gpu_graph: this index needs about {needed} MB of maintenance_work_mem to build ({} bytes a row), but maintenance_work_mem is {} MB",
+                per_row,
+                self.budget / 1048576
+            ),
+            format!("{raise}, e.g. SET maintenance_work_mem = '{}MB';", needed as u64 + 64)
+        );
+    }
+
+    /// `can_page`: past the budget the rows have a stream to go to.
+    fn add(&mut self, v: &[f32], payload: u64, whence: &dyn Fn() -> String, can_page: bool) {
         if self.dim == 0 {
             self.dim = v.len();
             self.stored_dim = self.metric.stored_dim(self.dim);
@@ -154,20 +213,12 @@ impl Loader {
             self.skipped_zero += 1;
             return;
         }
-        let per_row = self.stored_dim * 4 + self.per_row;
-        let rows = self.count_row(per_row) as usize;
-        if rows * per_row > self.budget {
-            let needed = (self.estimated_rows.max(rows as f64) * per_row as f64 / 1048576.0).ceil();
-            ereport!(
-                ERROR,
-                PgSqlErrorCode::ERRCODE_PROGRAM_LIMIT_EXCEEDED,
-                format!(
-                    "gpu_graph: this index needs about {needed} MB of maintenance_work_mem to build ({} bytes a row), but maintenance_work_mem is {} MB",
-                    per_row,
-                    self.budget / 1048576
-                ),
-                format!("Raise it for this build, e.g. SET maintenance_work_mem = '{}MB';", needed as u64 + 64)
-            );
+        if !self.paged_now() {
+            let per_row = self.stored_dim * 4 + self.per_row;
+            let rows = self.count_row(per_row) as usize;
+            if rows * per_row > self.budget {
+                self.over_budget(rows, per_row, can_page);
+            }
         }
         match self.metric {
             // inner product: raw vector plus the augmentation coordinate, set later
@@ -218,7 +269,9 @@ impl Loader {
 
     /// Reads the rows of `scan` (a parallel scan's share; null: the whole
     /// heap) into this loader; the heap tuples seen. `progress`: report
-    /// blocks scanned (one process of a build does).
+    /// blocks scanned (one process of a build does). `overflow`: where the
+    /// rows go, in node order, should the scan go paged (then none are
+    /// held at its end).
     ///
     /// # Safety
     /// ambuild's relations and index info (or a parallel worker's), and a
@@ -230,11 +283,13 @@ impl Loader {
         index_info: *mut pg_sys::IndexInfo,
         scan: pg_sys::TableScanDesc,
         progress: bool,
+        overflow: Option<Stream>,
     ) -> f64 {
-        // SAFETY: the caller's contract; the callback gets this loader as
-        // its state, which outlives the scan and is used by nothing else
+        let mut scanning = Scanning { loader: self, overflow };
+        // SAFETY: the caller's contract; the callback gets `scanning` as its
+        // state, which outlives the scan and is used by nothing else
         // meanwhile.
-        unsafe {
+        let tuples = unsafe {
             pg_sys::table_index_build_scan(
                 heap,
                 index,
@@ -242,9 +297,42 @@ impl Loader {
                 true,
                 progress,
                 Some(load_callback),
-                self as *mut Loader as *mut c_void,
+                &raw mut scanning as *mut c_void,
                 scan,
             )
+        };
+        if scanning.loader.paged {
+            scanning.page_out();
+        }
+        tuples
+    }
+}
+
+/// A loader during its scan, with where its rows go once it is paged.
+struct Scanning<'l, 's> {
+    loader: &'l mut Loader,
+    overflow: Option<Stream<'s>>,
+}
+
+impl Scanning<'_, '_> {
+    fn add(&mut self, v: &[f32], payload: u64, whence: &dyn Fn() -> String) {
+        self.loader.add(v, payload, whence, self.overflow.is_some());
+        // paged: the rows held go on (all of them at the switch), a batch
+        // of about SPILL_BYTES at a time
+        if self.loader.paged && self.loader.vectors.len() * 4 >= Loader::SPILL_BYTES {
+            self.page_out();
+        }
+    }
+
+    /// Hands the rows held to the overflow stream (if any).
+    fn page_out(&mut self) {
+        let l = &mut *self.loader;
+        if let Some(overflow) = self.overflow.as_mut() {
+            if !l.payloads.is_empty() {
+                overflow(l.dim, &l.payloads, &l.vectors);
+                l.vectors.clear();
+                l.payloads.clear();
+            }
         }
     }
 }
@@ -260,15 +348,15 @@ unsafe extern "C-unwind" fn load_callback(
 ) {
     // SAFETY: table_index_build_scan passes the heap tuple's TID and the
     // datum and null flag of the index's one column, and `state` is the
-    // Loader that Loader::scan gave it, alive and not otherwise borrowed
+    // Scanning that Loader::scan gave it, alive and not otherwise borrowed
     // during the scan. A non-null datum of a real[] column is a real[] datum.
     unsafe {
         if *isnull {
             return; // NULL vectors are not indexed
         }
-        let loader = &mut *(state as *mut Loader);
+        let scanning = &mut *(state as *mut Scanning);
         let whence = || at_tid(tid);
         let v = checked(*values, &whence);
-        loader.add(v, tid_to_payload(&*tid), &whence);
+        scanning.add(v, tid_to_payload(&*tid), &whence);
     }
 }

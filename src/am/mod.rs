@@ -8,6 +8,7 @@ pub mod info;
 pub mod insert;
 pub mod loader;
 pub mod options;
+pub mod paged;
 pub mod parallel_scan;
 pub mod scan;
 pub mod vacuum;

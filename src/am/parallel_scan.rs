@@ -23,6 +23,13 @@
 //! posix_fallocate of it), and is freed with the parallel context. The order
 //! of the rows is the order of the batches, not the heap's: the graph does
 //! not depend on it.
+//!
+//! Past maintenance_work_mem, where the leader streams, the scan goes
+//! "paged" rather than fail: every batch then goes to the stream, the
+//! leader frees each once streamed, and the batch table is a ring, a
+//! worker waiting for a slot to come free; the leader streams until every
+//! batch is streamed, and nothing is gathered. The area then holds about
+//! maintenance_work_mem (the table's batches), whatever the table's size.
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
@@ -58,8 +65,12 @@ struct Shared {
     /// the workers' heap tuples and zero vectors skipped
     heap_tuples: AtomicU64,
     skipped_zero: AtomicU64,
+    /// batches taken: batch `seq` lives in slot `seq % capacity`
     batches: AtomicU32,
     capacity: u32,
+    /// batches the leader has freed once streamed (paged mode, in order):
+    /// a slot is taken again only once the batch before in it is freed
+    freed: AtomicU32,
     /// workers done with their share (their batches all recorded)
     finished: AtomicU32,
     /// the leader's latch (in its PGPROC), set at each batch recorded
@@ -87,10 +98,11 @@ impl Shared {
     /// `area` must be this build's DSA area, attached.
     unsafe fn put(&self, area: *mut pg_sys::dsa_area, vectors: &[f32], payloads: &[u64]) {
         let bytes = std::mem::size_of_val(payloads) + std::mem::size_of_val(vectors);
-        let slot = self.batches.fetch_add(1, Ordering::AcqRel) as usize;
-        if slot >= self.capacity as usize {
-            error!("gpu_graph: the parallel heap scan ran out of batch entries ({})", self.capacity);
+        let seq = self.batches.fetch_add(1, Ordering::AcqRel) as usize;
+        if seq >= self.capacity as usize {
+            self.wait_for_slot(seq);
         }
+        let slot = seq % self.capacity as usize;
         // SAFETY: `area` is attached (the caller's contract); an allocation
         // of `bytes` holds the payloads (8-aligned: DSA allocations are
         // MAXALIGNed) and then the vectors.
@@ -105,6 +117,45 @@ impl Shared {
             b.ptr.store(ptr, Ordering::Release);
             pg_sys::SetLatch(self.leader);
         }
+    }
+
+    /// Batch `seq`, past the table, waits until the leader has freed the
+    /// batch before it in its slot: the scan is paged (the batches held are
+    /// past the budget anyway), or the ERROR where it cannot be.
+    fn wait_for_slot(&self, seq: usize) {
+        if !self.counts.pageable {
+            error!("gpu_graph: the parallel heap scan ran out of batch entries ({})", self.capacity);
+        }
+        if !self.counts.paged.swap(true, Ordering::AcqRel) {
+            // SAFETY: the leader's latch, in its PGPROC, for the build.
+            unsafe { pg_sys::SetLatch(self.leader) };
+        }
+        while seq >= self.freed.load(Ordering::Acquire) as usize + self.capacity as usize {
+            // nobody sets this worker's latch: a poll, serving interrupts
+            latch::nap(Duration::from_millis(1));
+        }
+    }
+
+    /// Frees the batches `from..to` once streamed (paged mode) and makes
+    /// their slots free; `to`.
+    ///
+    /// # Safety
+    /// `area` must be this build's DSA area, attached, the batches
+    /// recorded and streamed, and this the leader (the one that frees).
+    unsafe fn free(&self, area: *mut pg_sys::dsa_area, from: usize, to: usize) -> usize {
+        if from == to {
+            return to;
+        }
+        for seq in from..to {
+            let b = &self.batches()[seq % self.capacity as usize];
+            // SAFETY: a recorded batch's chunk of the attached area (the
+            // caller's contract), read no more once streamed.
+            unsafe { pg_sys::dsa_free(area, b.ptr.load(Ordering::Acquire)) };
+            // a slot's pointer set again is its next batch's
+            b.ptr.store(0, Ordering::Relaxed);
+        }
+        self.freed.store(to as u32, Ordering::Release);
+        to
     }
 
     /// A recorded batch's payloads and vectors (`sd` floats a row).
@@ -136,6 +187,10 @@ pub struct Scanned {
     pub heap_tuples: f64,
     /// parallel workers launched
     pub workers: usize,
+    /// the scan went past maintenance_work_mem: every row went to the
+    /// stream, in node order, and the loader holds none (its dimension and
+    /// zero-vector count are right)
+    pub paged: bool,
 }
 
 fn estimate(e: &mut pg_sys::shm_toc_estimator, bytes: usize) {
@@ -176,8 +231,8 @@ pub unsafe fn scan(
     }
     if workers <= 0 {
         // SAFETY: the caller's contract; null: a scan of the whole heap.
-        let heap_tuples = unsafe { loader.scan(heap, index, index_info, std::ptr::null_mut(), true) };
-        return Scanned { loader, heap_tuples, workers: 0 };
+        let heap_tuples = unsafe { loader.scan(heap, index, index_info, std::ptr::null_mut(), true, stream) };
+        return Scanned { paged: loader.paged, loader, heap_tuples, workers: 0 };
     }
     // SAFETY: the caller's contract.
     unsafe { in_parallel(heap, index, index_info, loader, workers, stream) }
@@ -218,8 +273,8 @@ unsafe fn in_parallel(
         if (*pcxt).seg.is_null() {
             // no DSM to be had: scan alone
             finish_parallel(pcxt, concurrent, snapshot);
-            let heap_tuples = loader.scan(heap, index, index_info, std::ptr::null_mut(), true);
-            return Scanned { loader, heap_tuples, workers: 0 };
+            let heap_tuples = loader.scan(heap, index, index_info, std::ptr::null_mut(), true, stream);
+            return Scanned { paged: loader.paged, loader, heap_tuples, workers: 0 };
         }
         let shared = pg_sys::shm_toc_allocate((*pcxt).toc, Shared::bytes(capacity)) as *mut Shared;
         std::ptr::write_bytes(shared as *mut u8, 0, Shared::bytes(capacity));
@@ -229,6 +284,9 @@ unsafe fn in_parallel(
         (*shared).concurrent = concurrent;
         (*shared).area = pg_sys::dsa_get_handle(area);
         (*shared).capacity = capacity as u32;
+        // a stream takes every batch: the leader streams them (or, with no
+        // worker launched, its own rows)
+        (*shared).counts.pageable = stream.is_some();
         (*shared).leader = &raw mut (*pg_sys::MyProc).procLatch;
         pg_sys::shm_toc_insert((*pcxt).toc, KEY_SHARED, shared as *mut std::ffi::c_void);
         let pscan = pg_sys::shm_toc_allocate((*pcxt).toc, scan_bytes) as pg_sys::ParallelTableScanDesc;
@@ -244,23 +302,31 @@ unsafe fn in_parallel(
             Some(stream) if launched > 0 => {
                 streamed = Some(stream_batches(pcxt, shared, area, pscan, loader.metric, stream))
             }
-            _ => {
-                // the leader takes its share too, and reports the blocks scanned
+            overflow => {
+                // the leader takes its share too, and reports the blocks
+                // scanned; with a stream, no worker was launched: its rows
+                // go there should it page, as a serial scan's
                 loader = loader.sharing(&shared.counts);
-                tuples = loader.scan(heap, index, index_info, pg_sys::table_beginscan_parallel(heap, pscan), true);
+                let scan = pg_sys::table_beginscan_parallel(heap, pscan);
+                tuples = loader.scan(heap, index, index_info, scan, true, overflow);
             }
         }
         pg_sys::WaitForParallelWorkersToFinish(pcxt);
         tuples += shared.heap_tuples.load(Ordering::Acquire) as f64;
         loader.skipped_zero += shared.skipped_zero.load(Ordering::Acquire);
-        let batches = gather(&mut loader, shared, area);
-        if streamed.is_some_and(|s| s > batches) {
+        take_dim(&mut loader, shared);
+        let paged = loader.paged || shared.counts.paged.load(Ordering::Acquire);
+        // paged: every batch was streamed and freed, nothing to gather
+        let batches =
+            if paged { shared.batches.load(Ordering::Acquire) as usize } else { gather(&mut loader, shared, area) };
+        if streamed.is_some_and(|s| s > batches) || (paged && streamed.unwrap_or(0) != batches) {
             error!("gpu_graph: the parallel heap scan recorded {batches} batches, {streamed:?} of them streamed");
         }
         loader = loader.alone();
+        loader.paged = paged;
         pg_sys::dsa_detach(area);
         finish_parallel(pcxt, concurrent, snapshot);
-        Scanned { loader, heap_tuples: tuples, workers: launched }
+        Scanned { loader, heap_tuples: tuples, workers: launched, paged }
     }
 }
 
@@ -269,7 +335,9 @@ unsafe fn in_parallel(
 /// `gather` appends them in, so the node numbers agree), until every
 /// worker has finished (what is left then waits for no scan: the caller
 /// writes it while the graph is built); the blocks handed out so far go to
-/// pg_stat_progress_create_index meanwhile. The batches streamed.
+/// pg_stat_progress_create_index meanwhile. Paged, each batch is freed once
+/// streamed, and every batch is streamed before this returns. The batches
+/// streamed.
 ///
 /// # Safety
 /// A context made by `in_parallel`, its workers launched; `area` and
@@ -284,17 +352,25 @@ unsafe fn stream_batches(
 ) -> usize {
     // SAFETY: the caller's contract.
     let launched = unsafe { (*pcxt).nworkers_launched as u32 };
-    let mut next = 0;
+    let capacity = shared.capacity as usize;
+    let (mut next, mut freed) = (0, 0);
     loop {
+        if shared.counts.paged.load(Ordering::Acquire) {
+            // SAFETY: the batches before `next` are streamed, in the
+            // attached area (the caller's contract).
+            freed = unsafe { shared.free(area, freed, next) };
+        }
         // looked at before each batch: once the workers are done, what is
-        // left goes on while the graph is built, not before
+        // left goes on while the graph is built, not before (unless paged)
         // SAFETY: the caller's contract.
-        if shared.finished.load(Ordering::Acquire) >= launched || unsafe { !any_worker_running(pcxt) } {
+        if unsafe { workers_done(pcxt, shared, launched) } && !streams_on(shared, launched, next) {
             return next;
         }
-        let recorded = (shared.batches.load(Ordering::Acquire) as usize).min(shared.capacity as usize);
-        // a taken slot's pointer is set once its rows are copied
-        let ready = next < recorded && shared.batches()[next].ptr.load(Ordering::Acquire) != 0;
+        let recorded = shared.batches.load(Ordering::Acquire) as usize;
+        let b = &shared.batches()[next % capacity];
+        // a taken slot's pointer is set once its rows are copied; until its
+        // batch before is freed, it is that batch's
+        let ready = next < recorded && next < freed + capacity && b.ptr.load(Ordering::Acquire) != 0;
         if !ready {
             // SAFETY: the context's parallel scan (the caller's contract).
             unsafe { report_blocks(pscan) };
@@ -304,10 +380,31 @@ unsafe fn stream_batches(
         }
         let dim = shared.counts.dim.load(Ordering::Acquire) as usize;
         // SAFETY: recorded, in the attached area (the caller's contract).
-        let (payloads, vectors) = unsafe { shared.batch(area, &shared.batches()[next], metric.stored_dim(dim)) };
+        let (payloads, vectors) = unsafe { shared.batch(area, b, metric.stored_dim(dim)) };
         stream(dim, payloads, vectors);
         next += 1;
     }
+}
+
+/// Whether the workers are done: all finished, or none running (one
+/// failed: WaitForParallelWorkersToFinish raises its ERROR).
+///
+/// # Safety
+/// A context whose `launched` workers were launched, `shared` its state.
+unsafe fn workers_done(pcxt: *mut pg_sys::ParallelContext, shared: &Shared, launched: u32) -> bool {
+    // SAFETY: the caller's contract.
+    shared.finished.load(Ordering::Acquire) >= launched || unsafe { !any_worker_running(pcxt) }
+}
+
+/// Once the workers are done, whether the leader streams on from batch
+/// `next`: paged (every batch goes to the stream, none is gathered), every
+/// worker finished (else one failed) and batches left. Read after the
+/// workers are seen done: a worker may set paged at its last batch, and
+/// one seen stopped may have finished since `finished` was read.
+fn streams_on(shared: &Shared, launched: u32, next: usize) -> bool {
+    shared.counts.paged.load(Ordering::Acquire)
+        && shared.finished.load(Ordering::Acquire) >= launched
+        && next < shared.batches.load(Ordering::Acquire) as usize
 }
 
 /// Whether any launched worker is still running (one that failed to start
@@ -359,17 +456,23 @@ unsafe fn finish_parallel(pcxt: *mut pg_sys::ParallelContext, concurrent: bool, 
     }
 }
 
-/// Appends every worker's batches to the leader's rows, copying in
-/// parallel; the batches appended.
-///
-/// # Safety
-/// `area` is the build's DSA area, attached, and the workers are done.
-unsafe fn gather(loader: &mut Loader, shared: &Shared, area: *mut pg_sys::dsa_area) -> usize {
+/// The dimension any participant saw, to a leader that saw no row.
+fn take_dim(loader: &mut Loader, shared: &Shared) {
     let dim = shared.counts.dim.load(Ordering::Acquire) as usize;
     if loader.dim == 0 && dim > 0 {
         loader.dim = dim;
         loader.stored_dim = loader.metric.stored_dim(dim);
     }
+}
+
+/// Appends every worker's batches to the leader's rows, copying in
+/// parallel; the batches appended.
+///
+/// # Safety
+/// `area` is the build's DSA area, attached, the workers are done, the
+/// scan not paged (every batch held, in its own slot), and the dimension
+/// taken (`take_dim`).
+unsafe fn gather(loader: &mut Loader, shared: &Shared, area: *mut pg_sys::dsa_area) -> usize {
     let sd = loader.stored_dim;
     let n = shared.batches.load(Ordering::Acquire) as usize;
     // addresses first, on this thread (dsa_get_address may map segments)
@@ -430,7 +533,8 @@ pub unsafe extern "C-unwind" fn gpu_graph_parallel_scan_main(
         // the area stays attached until after the last spill (the flush below)
         let spill = Box::new(move |v: &[f32], p: &[u64]| shared.put(area, v, p));
         let mut loader = Loader::new(heap, metric, &params).sharing(&shared.counts).spilling(spill);
-        let tuples = loader.scan(heap, index, index_info, pg_sys::table_beginscan_parallel(heap, pscan), false);
+        let scan = pg_sys::table_beginscan_parallel(heap, pscan);
+        let tuples = loader.scan(heap, index, index_info, scan, false, None);
         loader.flush();
         shared.heap_tuples.fetch_add(tuples as u64, Ordering::AcqRel);
         shared.skipped_zero.fetch_add(loader.skipped_zero, Ordering::AcqRel);

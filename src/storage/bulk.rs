@@ -191,6 +191,12 @@ impl BulkWriter {
         self.numbers.clear();
     }
 
+    /// Writes what is queued now, so that the file holds every page
+    /// appended so far (a paged build reads its vector pages back).
+    pub fn write_queued(&mut self) {
+        self.flush();
+    }
+
     /// Writes what is queued. Shared buffers may read the relation after
     /// this; its durability is the checkpointer's (with WAL) or the
     /// commit's (without), as the module's comment says.

@@ -106,20 +106,39 @@ pub fn write_meta(out: &mut BulkWriter, meta: &Meta) {
     out.rewrite(0, &mut |p| p.format_meta(meta));
 }
 
-/// Writes the graph pages in the places [`write_vector_pages`] skipped.
+/// Writes the graph pages in the places [`VectorPages`] skipped.
 pub fn write_graph_pages(out: &mut BulkWriter, layout: &Layout, graph: &Graph, progress: &mut dyn FnMut(u32)) {
-    let n = graph.len();
-    let mut list = Vec::with_capacity(layout.degree);
-    for first in (0..n).step_by(layout.per_chunk.max(1)) {
-        out.rewrite(layout.graph_block(first as u32), &mut |p| {
+    write_lists(out, layout, 0, graph.len(), &graph.adjacency, progress);
+}
+
+/// Writes the graph pages of nodes `first..` (a chunk's first node) from
+/// their lists (`degree` ids a node, NO_NODE-padded), `n` nodes in the
+/// index: a whole graph at once, or a paged build's merge batch by batch
+/// (batches of whole chunks).
+pub fn write_lists(
+    out: &mut BulkWriter,
+    layout: &Layout,
+    first: usize,
+    n: usize,
+    lists: &[u32],
+    progress: &mut dyn FnMut(u32),
+) {
+    assert_eq!(first % layout.per_chunk.max(1), 0, "gpu_graph: lists written from a chunk's first node");
+    let (degree, last) = (layout.degree, first + lists.len() / layout.degree.max(1));
+    let mut list = Vec::with_capacity(degree);
+    for chunk in (first..last).step_by(layout.per_chunk.max(1)) {
+        let end = (chunk + layout.per_chunk).min(n);
+        assert!(end <= last || last == n, "gpu_graph: lists of part of a chunk");
+        out.rewrite(layout.graph_block(chunk as u32), &mut |p| {
             p.format_chunk_page(0, layout);
-            for node in first..(first + layout.per_chunk).min(n) {
+            for node in chunk..end {
+                let at = (node - first) * degree;
                 list.clear();
-                list.extend(graph.neighbors(node as u32));
+                list.extend(lists[at..at + degree].iter().copied().take_while(|&x| x != gpu_graph_engine::NO_NODE));
                 p.put_list(layout, node as u32, &list);
             }
         });
-        progress((first + layout.per_chunk).min(n) as u32);
+        progress(end as u32);
     }
 }
 

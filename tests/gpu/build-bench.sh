@@ -31,6 +31,9 @@
 #   BUILD_DEVICE  gpu_graph.build_device for the builds (default gpu)
 #   GPU_MEMORY gpu_graph.build_gpu_memory for the builds, in MB (default 0:
 #              automatic); below the build's need it builds in shards
+#   MWM        maintenance_work_mem of the gpu_graph builds (default 64GB);
+#              below the vectors' size the build is paged (read back from
+#              the index's pages in shards)
 # Each build's session also reports its peak resident memory (VmHWM of the
 # backend), and the run the GPU's peak memory in use (nvidia-smi every 100 ms).
 set -euo pipefail
@@ -124,7 +127,7 @@ for storage in $storages; do
   } >/tmp/bench_builds.sql
   nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 100 >/tmp/bench_gpu_mem.log 2>/dev/null &
   smi=$!
-  q -c "SET client_min_messages = debug1" -c "SET maintenance_work_mem = '64GB'" \
+  q -c "SET client_min_messages = debug1" -c "SET maintenance_work_mem = '${MWM:-64GB}'" \
     -c "SET max_parallel_maintenance_workers = 15" -c "SET gpu_graph.build_device = ${BUILD_DEVICE:-gpu}" \
     -c "SET gpu_graph.build_gpu_memory = ${GPU_MEMORY:-0}" \
     -f /tmp/bench_builds.sql >"$out/builds_${table}_$storage.log" 2>&1 || {

@@ -35,7 +35,9 @@
 #              below the vectors' size the build is paged (read back from
 #              the index's pages in shards)
 # Each build's session also reports its peak resident memory (VmHWM of the
-# backend), and the run the GPU's peak memory in use (nvidia-smi every 100 ms).
+# backend, shared buffers it touched included), and the run the GPU's peak
+# memory in use (nvidia-smi every 100 ms) and the largest private memory of
+# any postgres process (RssAnon every 100 ms).
 set -euo pipefail
 dir=${1:?usage: build-bench.sh DIR}
 stage=$(pwd)/.device
@@ -127,17 +129,25 @@ for storage in $storages; do
   } >/tmp/bench_builds.sql
   nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 100 >/tmp/bench_gpu_mem.log 2>/dev/null &
   smi=$!
+  # private memory (RssAnon: not the shared buffers a process touched, which
+  # VmHWM counts) of the largest postgres process, every 100 ms
+  while :; do
+    awk '/^Name:/ {n = $2} /^RssAnon:/ {if (n == "postgres" && $2 > m) m = $2} END {print m + 0}' /proc/[0-9]*/status 2>/dev/null
+    sleep 0.1
+  done >/tmp/bench_anon.log &
+  anon=$!
   q -c "SET client_min_messages = debug1" -c "SET maintenance_work_mem = '${MWM:-64GB}'" \
     -c "SET max_parallel_maintenance_workers = 15" -c "SET gpu_graph.build_device = ${BUILD_DEVICE:-gpu}" \
     -c "SET gpu_graph.build_gpu_memory = ${GPU_MEMORY:-0}" \
     -f /tmp/bench_builds.sql >"$out/builds_${table}_$storage.log" 2>&1 || {
-    kill $smi 2>/dev/null
+    kill $smi $anon 2>/dev/null
     cat "$out/builds_${table}_$storage.log"
     fail "a gpu_graph build failed"
   }
-  kill $smi 2>/dev/null || true
+  kill $smi $anon 2>/dev/null || true
   grep -E "NOTICE|DEBUG:  gpu_graph|Time|peak" "$out/builds_${table}_$storage.log" | sed 's/^/  /'
   echo "  GPU peak memory in use: $(sort -n /tmp/bench_gpu_mem.log | tail -1) MiB (the whole device)"
+  echo "  peak private memory of a postgres process: $(sort -n /tmp/bench_anon.log | tail -1) kB (RssAnon, sampled)"
   echo "  index $(q -c "SELECT pg_size_pretty(pg_relation_size('${table}_gg'))")"
   recall "$table" gpu_graph.ef_search embedding real[]
   for ef in $efs; do

@@ -132,7 +132,9 @@ for storage in $storages; do
   # private memory (RssAnon: not the shared buffers a process touched, which
   # VmHWM counts) of the largest postgres process, every 100 ms
   while :; do
-    awk '/^Name:/ {n = $2} /^RssAnon:/ {if (n == "postgres" && $2 > m) m = $2} END {print m + 0}' /proc/[0-9]*/status 2>/dev/null
+    # (cat goes on past processes that end meanwhile; mawk would stop)
+    cat /proc/[0-9]*/status 2>/dev/null |
+      awk '/^Name:/ {n = $2} /^RssAnon:/ {if (n == "postgres" && $2 > m) m = $2} END {print m + 0}'
     sleep 0.1
   done >/tmp/bench_anon.log &
   anon=$!

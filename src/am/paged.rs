@@ -154,9 +154,11 @@ pub const MIN_SHARD_ROWS: usize = 1000;
 /// the budget, in whole chunks. None when a shard of MIN_SHARD_ROWS does
 /// not fit (or the whole build, when smaller): the least budget, in bytes.
 pub fn plan(n: usize, budget: usize, layout: &Layout, params: &BuildParams, ahead: bool) -> Result<Plan, usize> {
-    // the GPU's builder holds a shard's download of lists on the host; the
-    // CPU's its candidate pools
-    let per_row = if ahead { params.degree * 4 } else { builder_bytes_per_row(params) };
+    // the GPU's builder holds a shard's download of lists on the host, and
+    // the next shard's while this one's are given distances (measured: 20M
+    // x 96 at 2 GB peaked at 2.8 GB private before this was charged, the
+    // CUDA context's ~0.4 GB included); the CPU's its candidate pools
+    let per_row = if ahead { params.degree * 8 } else { builder_bytes_per_row(params) };
     let row = layout.stored_dim * 4;
     let sample = (budget / 8 / row).min(SAMPLE);
     let fixed = 8 * n + sample * row;

@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use gpu_graph_engine::merge;
 use gpu_graph_engine::params::BuildParams;
-use gpu_graph_engine::repair::relink;
+use gpu_graph_engine::repair::{relink, Walk};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 
@@ -290,7 +290,9 @@ unsafe fn build_paged(
     let t = Instant::now();
     // SAFETY: as above.
     let store = unsafe { PageStore::new(index, &Meta::read(index)) };
-    let linked = relink(&store);
+    // over a copy of the lists where it fits the budget, else list by list
+    let walk = if n * params.degree * 4 <= budget / 2 { Walk::InMemory } else { Walk::ByList };
+    let linked = relink(&store, walk);
     if let Some(st) = built.shards.as_mut() {
         st.repaired = linked;
         st.merge_ms += t.elapsed().as_secs_f64() * 1e3;

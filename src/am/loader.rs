@@ -125,6 +125,10 @@ impl Loader {
     /// How much a worker's loader holds before it spills its rows.
     pub const SPILL_BYTES: usize = 16 << 20;
 
+    /// How much a serial scan holds once paged before its rows go on to
+    /// their pages.
+    const PAGED_BYTES: usize = 1 << 20;
+
     /// This loader on its own again (before the shared memory goes).
     pub fn alone(mut self) -> Loader {
         self.shared = None;
@@ -318,8 +322,8 @@ impl Scanning<'_, '_> {
     fn add(&mut self, v: &[f32], payload: u64, whence: &dyn Fn() -> String) {
         self.loader.add(v, payload, whence, self.overflow.is_some());
         // paged: the rows held go on (all of them at the switch), a batch
-        // of about SPILL_BYTES at a time
-        if self.loader.paged && self.loader.vectors.len() * 4 >= Loader::SPILL_BYTES {
+        // of about PAGED_BYTES at a time (the budget is the shards' now)
+        if self.loader.paged && self.loader.vectors.len() * 4 >= Loader::PAGED_BYTES {
             self.page_out();
         }
     }

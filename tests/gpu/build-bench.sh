@@ -122,9 +122,13 @@ for storage in $storages; do
       echo "\\timing on"
       with=""
       [ "$storage" = default ] || with="WITH (storage = '$storage')"
+      # the backend's peak resident memory from here (Linux: 5 resets it)
+      echo "COPY (SELECT 5) TO '/proc/self/clear_refs';"
       echo "CREATE INDEX ${table}_gg ON $table USING gpu_graph (embedding) $with;"
       echo "\\timing off"
       echo "SELECT 'backend peak memory ' || substring(pg_read_file('/proc/self/status') from 'VmHWM:\\s*(\\d+ kB)') AS peak;"
+      # less the shared buffers and files it maps at the end: its own memory
+      echo "SELECT 'backend peak private memory ' || (substring(s from 'VmHWM:\\s*(\\d+)')::bigint - substring(s from 'RssShmem:\\s*(\\d+)')::bigint - substring(s from 'RssFile:\\s*(\\d+)')::bigint) || ' kB (VmHWM less RssShmem and RssFile at the end)' FROM pg_read_file('/proc/self/status') s;"
     done
   } >/tmp/bench_builds.sql
   nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 100 >/tmp/bench_gpu_mem.log 2>/dev/null &

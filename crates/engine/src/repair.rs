@@ -47,7 +47,7 @@ pub fn repair<G: GraphMut>(store: &G, deleted: &[u32]) -> RepairStats {
             stats.repaired += 1;
         }
     }
-    finish(store, &dead, stats)
+    finish(store, &dead, stats, Walk::ByList)
 }
 
 /// [`repair`] with every new list computed on all cores from `snapshot` (a
@@ -109,11 +109,11 @@ pub fn repair_from<G: GraphMut, S: GraphView + Sync>(
             stats.repaired += 1;
         }
     }
-    finish(store, &dead, stats)
+    finish(store, &dead, stats, Walk::InMemory)
 }
 
 /// Moves the entry point off the dead nodes and frees them.
-fn finish<G: GraphMut>(store: &G, dead: &IdSet, mut stats: RepairStats) -> RepairStats {
+fn finish<G: GraphMut>(store: &G, dead: &IdSet, mut stats: RepairStats, walk: Walk) -> RepairStats {
     move_entry(store, dead);
     // only nodes this call frees (a free slot visits as None)
     let mut free: Vec<u32> =
@@ -121,8 +121,40 @@ fn finish<G: GraphMut>(store: &G, dead: &IdSet, mut stats: RepairStats) -> Repai
     free.sort_unstable();
     store.free_many(&free);
     stats.freed = free.len() as u64;
-    stats.relinked = relink(store) as u64;
+    stats.relinked = relink(store, walk) as u64;
     stats
+}
+
+/// How [`relink`] walks the graph: over a copy of every list, on all cores
+/// (4 × degree bytes a node), or list by list from the store (a node's
+/// flag), where the copy would not fit the caller's memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Walk {
+    InMemory,
+    ByList,
+}
+
+/// Which nodes a walk from `starts` reaches, reading one list at a time
+/// from the store (breadth first; ids out of range not followed).
+fn reach_store<G: GraphView>(store: &G, starts: &[u32]) -> Vec<bool> {
+    let n = store.node_count() as usize;
+    let mut seen = vec![false; n];
+    let mut queue: std::collections::VecDeque<u32> = std::collections::VecDeque::new();
+    for &s in starts {
+        if (s as usize) < n && !std::mem::replace(&mut seen[s as usize], true) {
+            queue.push_back(s);
+        }
+    }
+    let mut list = Vec::new();
+    while let Some(x) = queue.pop_front() {
+        store.neighbors(x, &mut list);
+        for &y in &list {
+            if (y as usize) < n && !std::mem::replace(&mut seen[y as usize], true) {
+                queue.push_back(y);
+            }
+        }
+    }
+    seen
 }
 
 /// Rounds of [`relink`]: each links every unreached node to a reached one,
@@ -138,7 +170,7 @@ const RELINK_ROUNDS: usize = 8;
 /// Why: a node whose in-edges all came from deleted nodes is unreachable
 /// once they go (the rebuilt lists of others need not name it). At degree
 /// 8, a fifth then a third of 10k rows deleted left 21 such nodes.
-pub fn relink<G: GraphMut>(store: &G) -> usize {
+pub fn relink<G: GraphMut>(store: &G, walk: Walk) -> usize {
     let Some(entry) = store.entry() else { return 0 };
     let (n, degree) = (store.node_count() as usize, store.degree());
     let mut linked = 0;
@@ -146,7 +178,10 @@ pub fn relink<G: GraphMut>(store: &G) -> usize {
     for _ in 0..RELINK_ROUNDS {
         let mut starts = vec![entry];
         store.seeds(&mut starts);
-        let seen = reach_lists(&store.adjacency(), degree, &starts);
+        let seen = match walk {
+            Walk::InMemory => reach_lists(&store.adjacency(), degree, &starts),
+            Walk::ByList => reach_store(store, &starts),
+        };
         let reached = |u: u32| seen.get(u as usize) == Some(&true);
         let unreached: Vec<u32> =
             (0..n as u32).filter(|&u| !reached(u) && store.visit(u, |_| 0.0).is_some_and(|v| !v.deleted)).collect();

@@ -135,24 +135,23 @@ pub enum Walk {
 }
 
 /// Which nodes a walk from `starts` reaches, reading one list at a time
-/// from the store (breadth first; ids out of range not followed).
+/// from the store: breadth first, each level's nodes read in id order, so
+/// that a paged store reads its lists page after page, not at random
+/// (ids out of range not followed).
 fn reach_store<G: GraphView>(store: &G, starts: &[u32]) -> Vec<bool> {
     let n = store.node_count() as usize;
     let mut seen = vec![false; n];
-    let mut queue: std::collections::VecDeque<u32> = std::collections::VecDeque::new();
-    for &s in starts {
-        if (s as usize) < n && !std::mem::replace(&mut seen[s as usize], true) {
-            queue.push_back(s);
-        }
-    }
+    let fresh = |y: u32, seen: &mut Vec<bool>| (y as usize) < n && !std::mem::replace(&mut seen[y as usize], true);
+    let mut level: Vec<u32> = starts.iter().copied().filter(|&s| fresh(s, &mut seen)).collect();
     let mut list = Vec::new();
-    while let Some(x) = queue.pop_front() {
-        store.neighbors(x, &mut list);
-        for &y in &list {
-            if (y as usize) < n && !std::mem::replace(&mut seen[y as usize], true) {
-                queue.push_back(y);
-            }
+    while !level.is_empty() {
+        level.sort_unstable();
+        let mut next = Vec::new();
+        for &x in &level {
+            store.neighbors(x, &mut list);
+            next.extend(list.iter().copied().filter(|&y| fresh(y, &mut seen)));
         }
+        level = next;
     }
     seen
 }

@@ -54,6 +54,8 @@ pub static GPU_TIMEOUT: GucSetting<i32> = GucSetting::<i32>::new(100);
 /// Megabytes of device memory a GPU build may use before it builds in
 /// shards; 0 = the device's free memory less a margin.
 pub static BUILD_GPU_MEMORY: GucSetting<i32> = GucSetting::<i32>::new(0);
+/// GPUs a paged build deals its shards out to.
+pub static BUILD_GPUS: GucSetting<i32> = GucSetting::<i32>::new(1);
 /// Megabytes of index copies the worker keeps; 0 = automatic.
 pub static GPU_MEMORY_LIMIT: GucSetting<i32> = GucSetting::<i32>::new(0);
 /// Test switch: the next worker request makes the worker fail.
@@ -143,6 +145,16 @@ pub fn register() {
         i32::MAX,
         GucContext::Userset,
         GucFlags::UNIT_MB,
+    );
+    GucRegistry::define_int_guc(
+        c"gpu_graph.build_gpus",
+        c"GPUs (devices 0 to n - 1) a build from the index's pages deals its shards out to.",
+        c"Devices that do not open are left out; each holds one shard's rows on the host while it builds.",
+        &BUILD_GPUS,
+        1,
+        64,
+        GucContext::Userset,
+        GucFlags::default(),
     );
     GucRegistry::define_int_guc(
         c"gpu_graph.gpu_memory_limit",

@@ -238,8 +238,8 @@ unsafe fn build_paged(
     report(pg_sys::PROGRESS_CREATEIDX_SUBPHASE, PHASE_BUILD);
     // SAFETY: a plain setting of this backend (kB).
     let budget = unsafe { pg_sys::maintenance_work_mem } as usize * 1024;
-    let plan = |ahead: bool| {
-        paged::plan(n, budget, &layout, params, ahead).unwrap_or_else(|least| {
+    let plan = |held: usize| {
+        paged::plan(n, budget, &layout, params, held).unwrap_or_else(|least| {
             ereport!(
                 ERROR,
                 PgSqlErrorCode::ERRCODE_PROGRAM_LIMIT_EXCEEDED,

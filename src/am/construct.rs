@@ -16,7 +16,7 @@ use gpu_graph_gpu::{device_bytes, Control, Gpu, GpuError, KnnInit};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 
-use crate::gucs::{BuildDevice, BUILD_DEVICE, BUILD_GPU_MEMORY};
+use crate::gucs::{BuildDevice, BUILD_DEVICE, BUILD_GPUS, BUILD_GPU_MEMORY};
 use crate::latch;
 use crate::worker::GpuBuild;
 
@@ -277,40 +277,52 @@ pub fn construct(
     on_cpu(vectors, stored_dim, params)
 }
 
-/// A paged build's shards on the GPU: a thread of its own opens the device
-/// and builds each shard it is sent, while the backend reads the next
-/// shard's rows from the pages and keeps serving interrupts.
+/// A paged build's shards on the GPUs: a thread for each device opens it
+/// and builds the shards it takes from one queue, while the backend reads
+/// the next shard's rows from the pages and keeps serving interrupts; the
+/// graphs come back in the order the shards were handed over.
+/// A shard's graph and its rows back from a device, or why not.
+type Built = Result<(Graph, Vec<f32>), GpuError>;
+
 struct GpuShards<'a> {
-    to: Option<mpsc::Sender<Vec<f32>>>,
-    from: mpsc::Receiver<Result<(Graph, Vec<f32>), GpuError>>,
+    to: Option<mpsc::Sender<(usize, Vec<f32>)>>,
+    from: mpsc::Receiver<(usize, Built)>,
+    /// devices building
+    devices: usize,
+    sent: usize,
+    next: usize,
+    early: std::collections::BTreeMap<usize, Built>,
     watch: &'a Watch,
     failed: Option<GpuError>,
 }
 
 impl ShardBuilder for GpuShards<'_> {
-    fn reads_ahead(&self) -> bool {
-        true
+    fn in_flight(&self) -> usize {
+        self.devices
     }
     fn start(&mut self, rows: Vec<f32>) {
         if let Some(to) = &self.to {
-            // a closed channel: the thread failed, which finish reports
-            let _ = to.send(rows);
+            // a closed queue: every thread failed, which finish reports
+            let _ = to.send((self.sent, rows));
         }
+        self.sent += 1;
     }
     fn finish(&mut self) -> Option<(Graph, Vec<f32>)> {
         loop {
+            if let Some(r) = self.early.remove(&self.next) {
+                self.next += 1;
+                return r.map_err(|e| self.failed = Some(e)).ok();
+            }
             match self.from.recv_timeout(Duration::from_millis(10)) {
-                Ok(Ok(built)) => return Some(built),
-                Ok(Err(e)) => {
-                    self.failed = Some(e);
-                    return None;
+                Ok((seq, r)) => {
+                    self.early.insert(seq, r);
                 }
                 Err(mpsc::RecvTimeoutError::Timeout) => {
                     report_rounds(self.watch.done.load(Ordering::Relaxed), self.watch.total.load(Ordering::Relaxed));
                     pg_sys::check_for_interrupts!();
                 }
                 Err(mpsc::RecvTimeoutError::Disconnected) => {
-                    self.failed.get_or_insert(GpuError::Cuda("the GPU build thread ended".into()));
+                    self.failed.get_or_insert(GpuError::Cuda("the GPU build threads ended".into()));
                     return None;
                 }
             }
@@ -324,8 +336,8 @@ pub struct PagedBuild<'a> {
     pub lists: &'a mut dyn Lists,
     pub params: &'a BuildParams,
     pub knn: KnnInit,
-    /// the host's plan for a builder that reads ahead (the GPU's) or not
-    pub plan: &'a dyn Fn(bool) -> Plan,
+    /// the host's plan when it holds that many shards' rows at once
+    pub plan: &'a dyn Fn(usize) -> Plan,
     /// gets the merged lists of consecutive nodes
     pub merged: &'a mut dyn FnMut(usize, &[u32]),
 }
@@ -345,45 +357,70 @@ pub fn construct_paged(b: PagedBuild) -> Constructed {
     if want != BuildDevice::Cpu {
         let watch = Watch::default();
         let aside = GpuBuild::begin();
-        let (rows_tx, rows_rx) = mpsc::channel::<Vec<f32>>();
+        let (rows_tx, rows_rx) = mpsc::channel::<(usize, Vec<f32>)>();
+        let rows_rx = std::sync::Mutex::new(rows_rx);
         let (graph_tx, graph_rx) = mpsc::channel();
         let (ready_tx, ready_rx) = mpsc::channel::<Result<(usize, String), GpuError>>();
+        let wanted = BUILD_GPUS.get().max(1) as usize;
         let outcome = std::thread::scope(|s| {
-            let watch = &watch;
-            s.spawn(move || {
-                crate::threads::block_signals();
-                let gpu = match Gpu::open().and_then(|g| Ok((g.usable_memory()?, g))) {
-                    Ok((usable, gpu)) => {
-                        let _ = ready_tx.send(Ok((usable, gpu.info().name.clone())));
-                        gpu
+            let (watch, rows_rx) = (&watch, &rows_rx);
+            for ordinal in 0..wanted {
+                let (graph_tx, ready_tx) = (graph_tx.clone(), ready_tx.clone());
+                s.spawn(move || {
+                    crate::threads::block_signals();
+                    let gpu = match Gpu::open_ordinal(ordinal).and_then(|g| Ok((g.usable_memory()?, g))) {
+                        Ok((usable, gpu)) => {
+                            let _ = ready_tx.send(Ok((usable, gpu.info().name.clone())));
+                            gpu
+                        }
+                        Err(e) => {
+                            let _ = ready_tx.send(Err(e));
+                            return;
+                        }
+                    };
+                    drop(ready_tx);
+                    loop {
+                        // one queue for every device: whichever is free takes the next shard
+                        let job = rows_rx.lock().map(|rx| rx.recv());
+                        let Ok(Ok((seq, rows))) = job else { return };
+                        let r = gpu_graph_gpu::build(&gpu, &rows, sd, params, knn, watch).map(|(g, _)| (g, rows));
+                        if graph_tx.send((seq, r)).is_err() || watch.stop() {
+                            return;
+                        }
                     }
-                    Err(e) => {
-                        let _ = ready_tx.send(Err(e));
-                        return;
-                    }
-                };
-                for rows in rows_rx {
-                    let r = gpu_graph_gpu::build(&gpu, &rows, sd, params, knn, watch).map(|(g, _)| (g, rows));
-                    if graph_tx.send(r).is_err() || watch.stop() {
-                        return;
-                    }
-                }
-            });
+                });
+            }
+            drop((graph_tx, ready_tx));
             let _stop = StopOnDrop(watch);
-            let (usable, name) = loop {
-                match ready_rx.recv_timeout(Duration::from_millis(10)) {
-                    Ok(r) => break r?,
-                    Err(mpsc::RecvTimeoutError::Timeout) => {
-                        pg_sys::check_for_interrupts!();
-                    }
-                    Err(mpsc::RecvTimeoutError::Disconnected) => {
-                        return Err(GpuError::Cuda("the GPU build thread ended".into()));
+            // every device's answer: the smallest memory of those that opened
+            let (mut opened, mut usable, mut name, mut first_error) = (0, usize::MAX, String::new(), None);
+            for _ in 0..wanted {
+                loop {
+                    match ready_rx.recv_timeout(Duration::from_millis(10)) {
+                        Ok(Ok((u, n))) => {
+                            (opened, usable, name) = (opened + 1, usable.min(u), n);
+                            break;
+                        }
+                        Ok(Err(e)) => {
+                            first_error.get_or_insert(e);
+                            break;
+                        }
+                        Err(mpsc::RecvTimeoutError::Timeout) => {
+                            pg_sys::check_for_interrupts!();
+                        }
+                        Err(mpsc::RecvTimeoutError::Disconnected) => break,
                     }
                 }
-            };
+            }
+            if opened == 0 {
+                return Err(first_error.unwrap_or_else(|| GpuError::Cuda("the GPU build threads ended".into())));
+            }
+            if opened > 1 {
+                name = format!("{opened} x {name}");
+            }
             let budget_mb = BUILD_GPU_MEMORY.get().max(0) as usize;
             let budget = if budget_mb > 0 { (budget_mb << 20).min(usable) } else { usable };
-            let mut plan = (b.plan)(true);
+            let mut plan = (b.plan)(opened + 1);
             plan.max_rows = plan.max_rows.min(shard_rows_on_gpu(budget, usable, sd, params, knn)?);
             let (k, cap) = gpu_graph_engine::partition::plan(n, plan.max_rows);
             let e = cost::estimate(n, sd, k, &vec![(2 * n).div_ceil(k).min(cap); k], 1);
@@ -391,7 +428,16 @@ pub fn construct_paged(b: PagedBuild) -> Constructed {
                 "gpu_graph: building {n} rows read back from the index's pages in {k} shards of at most {cap} rows (the vectors exceed maintenance_work_mem); expected {:.1} s of graph construction",
                 e.total_s()
             );
-            let mut gpu = GpuShards { to: Some(rows_tx), from: graph_rx, watch, failed: None };
+            let mut gpu = GpuShards {
+                to: Some(rows_tx),
+                from: graph_rx,
+                devices: opened,
+                sent: 0,
+                next: 0,
+                early: Default::default(),
+                watch,
+                failed: None,
+            };
             let r = sharded::build_in_shards(
                 b.rows,
                 b.lists,
@@ -405,7 +451,7 @@ pub fn construct_paged(b: PagedBuild) -> Constructed {
                     true
                 },
             );
-            // the thread's loop ends with its channel
+            // the threads' loops end with their queue
             gpu.to = None;
             r.ok_or_else(|| gpu.failed.take().unwrap_or(GpuError::Cancelled)).map(|r| (r, name))
         });
@@ -428,7 +474,7 @@ pub fn construct_paged(b: PagedBuild) -> Constructed {
                 .unwrap_or_else(|| error!("gpu_graph: index build cancelled")),
             )
         });
-        let plan = (b.plan)(false);
+        let plan = (b.plan)(1);
         let (k, cap) = gpu_graph_engine::partition::plan(n, plan.max_rows);
         notice!(
             "gpu_graph: building {n} rows read back from the index's pages in {k} shards of at most {cap} rows on the CPU (the vectors exceed maintenance_work_mem)"

@@ -148,21 +148,23 @@ pub const MIN_SHARD_ROWS: usize = 1000;
 
 /// The plan of a paged build of `n` rows within `budget` bytes of host
 /// memory: the partition's ids (two u32 a row) first; then a sample of at
-/// most an eighth of the budget; a shard's rows cost their vectors (twice
-/// where the next shard is read while one builds), the builder's pools
+/// most an eighth of the budget; a shard's rows cost their vectors (times
+/// the shards held at once: one for each GPU building and the next one
+/// read), the builder's pools
 /// (`per_row`) and their lists with distances; the merge takes a quarter of
 /// the budget, in whole chunks. None when a shard of MIN_SHARD_ROWS does
 /// not fit (or the whole build, when smaller): the least budget, in bytes.
-pub fn plan(n: usize, budget: usize, layout: &Layout, params: &BuildParams, ahead: bool) -> Result<Plan, usize> {
-    // the GPU's builder holds a shard's download of lists on the host, and
-    // the next shard's while this one's are given distances (measured: 20M
+pub fn plan(n: usize, budget: usize, layout: &Layout, params: &BuildParams, shards_held: usize) -> Result<Plan, usize> {
+    let ahead = shards_held > 1;
+    // each GPU's builder holds its shard's download of lists on the host,
+    // and one more is held while a shard's lists are given distances (measured: 20M
     // x 96 at 2 GB peaked at 2.8 GB private before this was charged, the
     // CUDA context's ~0.4 GB included); the CPU's its candidate pools
-    let per_row = if ahead { params.degree * 8 } else { builder_bytes_per_row(params) };
+    let per_row = if ahead { params.degree * 4 * shards_held } else { builder_bytes_per_row(params) };
     let row = layout.stored_dim * 4;
     let sample = (budget / 8 / row).min(SAMPLE);
     let fixed = 8 * n + sample * row;
-    let per_shard_row = row * if ahead { 2 } else { 1 } + per_row + layout.degree * 8;
+    let per_shard_row = row * shards_held.max(1) + per_row + layout.degree * 8;
     let max_rows = budget.saturating_sub(fixed) / per_shard_row;
     let least = min_shard_rows(n);
     if max_rows < least || sample < least.min(100) {

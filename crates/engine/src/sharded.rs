@@ -67,13 +67,17 @@ pub trait Lists {
 /// then); `finish` waits for that graph and gives the rows back, or None
 /// when the build was cancelled or failed.
 pub trait ShardBuilder {
-    /// Whether the next shard's rows should be read while one builds (a
-    /// builder on another thread: the GPU); else they are read after, and
-    /// the host never holds two shards.
-    fn reads_ahead(&self) -> bool {
-        false
+    /// Shards that may be building (elsewhere: on GPUs) while the loop reads
+    /// the next one's rows: 0 for a builder that builds in `finish` on the
+    /// calling thread (the host then never holds two shards), one for each
+    /// device otherwise. The host holds that many shards' rows and one more.
+    fn in_flight(&self) -> usize {
+        0
     }
+    /// Hands over the next shard's rows.
     fn start(&mut self, rows: Vec<f32>);
+    /// The graph of the earliest shard started and not yet finished, with
+    /// its rows; None when cancelled or failed.
     fn finish(&mut self) -> Option<(Graph, Vec<f32>)>;
 }
 
@@ -153,20 +157,25 @@ pub fn build_in_shards(
         return None;
     }
     let t = Instant::now();
-    let ahead = builder.reads_ahead();
-    builder.start(read_all(rows, &shards[0]));
+    let depth = builder.in_flight();
+    let mut started = 0;
+    while started < depth.max(1).min(k) {
+        builder.start(read_all(rows, &shards[started]));
+        started += 1;
+    }
     for s in 0..k {
-        let next = |rows: &mut dyn Rows| shards.get(s + 1).map(|ids| read_all(rows, ids));
-        // read while this shard builds, when the builder works elsewhere
-        let read = if ahead { next(rows) } else { None };
+        // read while the started shards build, when they build elsewhere
+        let read = (depth > 0 && started < k).then(|| read_all(rows, &shards[started]));
         let (graph, shard_rows) = builder.finish()?;
         if let Some(r) = read {
             builder.start(r);
+            started += 1;
         }
         lists.write(s, &with_distances(&graph, &shard_rows, dim, &shards[s], degree));
         drop((graph, shard_rows));
-        if let Some(r) = if ahead { None } else { next(rows) } {
-            builder.start(r);
+        if depth == 0 && started < k {
+            builder.start(read_all(rows, &shards[started]));
+            started += 1;
         }
         if !progress(s + 1, k) {
             return None;
@@ -446,5 +455,62 @@ mod tests {
             &mut |done, _| done < 1,
         );
         assert!(r.is_none());
+    }
+
+    /// Each row's `degree` nearest rows of the shard, by brute force: a
+    /// deterministic shard builder.
+    fn exact_lists(rows: &[f32], dim: usize, degree: usize) -> Graph {
+        let n = rows.len() / dim;
+        let mut adjacency = vec![NO_NODE; n * degree];
+        let mut scratch = Vec::new();
+        for i in 0..n {
+            let r = &rows[i * dim..(i + 1) * dim];
+            let cands = (0..n).map(|j| (l2sq(r, &rows[j * dim..(j + 1) * dim]), j as u32));
+            crate::graph::final_cut(i as u32, cands, &mut scratch, &mut adjacency[i * degree..(i + 1) * degree]);
+        }
+        Graph { degree, adjacency, entry: Some(0) }
+    }
+
+    /// A builder with `depth` shards in flight, built in order as they finish.
+    struct Queued(usize, std::collections::VecDeque<Vec<f32>>, usize);
+
+    impl ShardBuilder for Queued {
+        fn in_flight(&self) -> usize {
+            self.0
+        }
+        fn start(&mut self, rows: Vec<f32>) {
+            self.1.push_back(rows);
+            self.2 = self.2.max(self.1.len());
+        }
+        fn finish(&mut self) -> Option<(Graph, Vec<f32>)> {
+            let rows = self.1.pop_front()?;
+            Some((exact_lists(&rows, 8, 8), rows))
+        }
+    }
+
+    #[test]
+    fn shards_in_flight_change_nothing_but_the_order_of_work() {
+        let (base, _) = clustered(4000, 0, 8);
+        let params = BuildParams { degree: 8, ..BuildParams::default() };
+        let run = |builder: &mut dyn ShardBuilder| {
+            let mut adjacency = vec![NO_NODE; 4000 * 8];
+            let (entry, stats) = build_in_shards(
+                &mut InMemory { vectors: &base, dim: 8 },
+                &mut ListsInMemory::new(8),
+                Plan::in_memory(&params, 1000),
+                builder,
+                &mut |first, lists| adjacency[first * 8..first * 8 + lists.len()].copy_from_slice(lists),
+                &mut |_, _| true,
+            )
+            .unwrap();
+            (adjacency, entry, stats.shards)
+        };
+        let inline = run(&mut Inline::new(|rows: &[f32]| Some(exact_lists(rows, 8, 8))));
+        for depth in [1, 3] {
+            let mut q = Queued(depth, Default::default(), 0);
+            assert_eq!(run(&mut q), inline, "depth {depth}");
+            assert_eq!(q.2, depth, "at most {depth} shards handed over and not finished");
+        }
+        assert!(inline.2 >= 8);
     }
 }

@@ -31,6 +31,7 @@
 #   BUILD_DEVICE  gpu_graph.build_device for the builds (default gpu)
 #   GPU_MEMORY gpu_graph.build_gpu_memory for the builds, in MB (default 0:
 #              automatic); below the build's need it builds in shards
+#   GPUS       gpu_graph.build_gpus: devices a paged build deals shards to
 #   MWM        maintenance_work_mem of the gpu_graph builds (default 64GB);
 #              below the vectors' size the build is paged (read back from
 #              the index's pages in shards)
@@ -144,7 +145,7 @@ for storage in $storages; do
   anon=$!
   q -c "SET client_min_messages = debug1" -c "SET maintenance_work_mem = '${MWM:-64GB}'" \
     -c "SET max_parallel_maintenance_workers = 15" -c "SET gpu_graph.build_device = ${BUILD_DEVICE:-gpu}" \
-    -c "SET gpu_graph.build_gpu_memory = ${GPU_MEMORY:-0}" \
+    -c "SET gpu_graph.build_gpu_memory = ${GPU_MEMORY:-0}" -c "SET gpu_graph.build_gpus = ${GPUS:-1}" \
     -f /tmp/bench_builds.sql >"$out/builds_${table}_$storage.log" 2>&1 || {
     kill $smi $anon 2>/dev/null
     cat "$out/builds_${table}_$storage.log"

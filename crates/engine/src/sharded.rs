@@ -11,6 +11,7 @@
 //! holds the sample, one or two shards' rows and the ids of the partition,
 //! never every vector.
 
+use std::sync::mpsc;
 use std::time::Instant;
 
 use rayon::prelude::*;
@@ -318,8 +319,11 @@ impl Lists for ListsInMemory {
 }
 
 /// Builds the graph over `vectors` (n × `dim` stored vectors, all in
-/// memory) in shards of at most `max_rows`, each built by `build_shard`
-/// (None: cancelled, and so is the build); `progress` as in
+/// memory) in shards of at most `max_rows`, each built by `build_shard` on
+/// the calling thread (a GPU's, which must stay on the thread that opened
+/// it; None: cancelled, and so is the build) while the loop runs on a
+/// second one: reading the next shard's rows and giving the last one's
+/// lists their distances overlap each build. `progress` as in
 /// [`build_in_shards`]. Every node is made reachable from the entry.
 pub fn build_sharded(
     vectors: &[f32],
@@ -327,23 +331,64 @@ pub fn build_sharded(
     params: &crate::params::BuildParams,
     max_rows: usize,
     build_shard: &mut dyn FnMut(&[f32]) -> Option<Graph>,
-    progress: &mut dyn FnMut(usize, usize) -> bool,
+    progress: &mut (dyn FnMut(usize, usize) -> bool + Send),
 ) -> Option<(Graph, ShardStats)> {
     let degree = params.degree;
     let mut adjacency = vec![NO_NODE; vectors.len() / dim * degree];
-    let (entry, mut stats) = build_in_shards(
-        &mut InMemory { vectors, dim },
-        &mut ListsInMemory::new(degree),
-        Plan::in_memory(params, max_rows),
-        &mut Inline::new(build_shard),
-        &mut |first, lists| adjacency[first * degree..first * degree + lists.len()].copy_from_slice(lists),
-        progress,
-    )?;
+    let (jobs, to_build) = mpsc::channel::<Vec<f32>>();
+    let (built, results) = mpsc::channel();
+    let outcome = std::thread::scope(|s| {
+        let adjacency = &mut adjacency;
+        let looper = s.spawn(move || {
+            let mut remote = Remote { to: Some(jobs), from: results };
+            build_in_shards(
+                &mut InMemory { vectors, dim },
+                &mut ListsInMemory::new(degree),
+                Plan::in_memory(params, max_rows),
+                &mut remote,
+                &mut |first, lists| adjacency[first * degree..first * degree + lists.len()].copy_from_slice(lists),
+                progress,
+            )
+        });
+        // the shards handed over, built here in order until the loop ends
+        for rows in to_build {
+            let graph = build_shard(&rows);
+            let stop = graph.is_none();
+            if built.send(graph.map(|g| (g, rows))).is_err() || stop {
+                break;
+            }
+        }
+        drop(built);
+        looper.join().expect("the shard loop panicked")
+    });
+    let (entry, mut stats) = outcome?;
     let mut graph = Graph { degree, adjacency, entry: Some(entry) };
     let t = Instant::now();
     stats.repaired = crate::merge::ensure_reachable(&mut graph, vectors, dim);
     stats.merge_ms += t.elapsed().as_secs_f64() * 1e3;
     Some((graph, stats))
+}
+
+/// The loop's side of [`build_sharded`]: shards go to the thread that
+/// builds them, one in flight.
+struct Remote {
+    to: Option<mpsc::Sender<Vec<f32>>>,
+    from: mpsc::Receiver<Option<(Graph, Vec<f32>)>>,
+}
+
+impl ShardBuilder for Remote {
+    fn in_flight(&self) -> usize {
+        1
+    }
+    fn start(&mut self, rows: Vec<f32>) {
+        if let Some(to) = &self.to {
+            // a closed channel: the builder stopped, which finish reports
+            let _ = to.send(rows);
+        }
+    }
+    fn finish(&mut self) -> Option<(Graph, Vec<f32>)> {
+        self.from.recv().ok().flatten()
+    }
 }
 
 /// Appends the rows of `ids` to `out`, copied on every core (at 10M x 96

@@ -3,7 +3,8 @@
 # crash (an immediate stop: no shutdown checkpoint, so recovery replays the
 # WAL) answer exactly as the primary did, after CREATE INDEX, INSERTs into the
 # graph, DELETE + VACUUM (list repair, freed nodes) and inserts that reuse the
-# freed nodes.
+# freed nodes; and a second index built beyond maintenance_work_mem (paged:
+# its graph pages written by the merge, then relinked through the buffers).
 #
 #   bash tests/cluster/wal_replay.sh      (after scripts/setup.sh)
 set -euo pipefail
@@ -51,7 +52,26 @@ INSERT INTO items SELECT i, ARRAY[sin(i * 2)::real, cos(i)::real, sin(i * 0.2)::
   FROM generate_series(22001, 22500) i;
 CREATE TABLE queries AS SELECT q, ARRAY[sin(q * 3)::real, cos(q * 5)::real, sin(q)::real, 0.5::real] AS v
   FROM generate_series(1, 50) q;
+CREATE TABLE paged (id int, v real[]);
+INSERT INTO paged SELECT id, v FROM items;
+SET maintenance_work_mem = '2MB';
+SET gpu_graph.build_device = cpu;
+CREATE INDEX paged_idx ON paged USING gpu_graph (v) WITH (degree = 16);
 SQL
+[ "$(q "${primary[@]}" -c "SELECT (gpu_graph_info('paged_idx')->'build'->'shards'->>'count')::int > 1")" = t ] ||
+  fail "the second index was not built paged, in shards"
+
+# the paged index's fingerprint, as index_fingerprint's
+paged_fingerprint() {
+  psql -X -q -v ON_ERROR_STOP=1 -At "$@" <<'SQL'
+SET enable_seqscan = off;
+SELECT md5(string_agg(ids, ';' ORDER BY q)) FROM (
+  SELECT q, (SELECT string_agg(id::text, ',') FROM
+    (SELECT id FROM paged ORDER BY v <-> queries.v LIMIT 20) s) AS ids FROM queries) t;
+SELECT gpu_graph_info('paged_idx')->'nodes';
+SQL
+}
+paged_before=$(paged_fingerprint "${primary[@]}")
 
 # what 50 index scans return, and the index's own counts, as one fingerprint
 
@@ -72,6 +92,7 @@ done
 on_standby=$(index_fingerprint "${standby[@]}")
 echo "standby:  $on_standby" | tr '\n' ' '; echo
 [ "$on_standby" = "$before" ] || fail "the standby answers differently"
+[ "$(paged_fingerprint "${standby[@]}")" = "$paged_before" ] || fail "the standby's paged index answers differently"
 
 # a crash: no shutdown checkpoint, recovery replays the WAL
 crash_restart "$primary_dir" || fail "the primary did not restart"
@@ -79,6 +100,7 @@ grep -q "redo starts" "$primary_dir/postgres.log" || fail "the restart replayed 
 after=$(index_fingerprint "${primary[@]}")
 echo "recovered: $after" | tr '\n' ' '; echo
 [ "$after" = "$before" ] || fail "the recovered primary answers differently"
+[ "$(paged_fingerprint "${primary[@]}")" = "$paged_before" ] || fail "the recovered paged index answers differently"
 
 # and the recovered index still takes inserts and finds them
 q "${primary[@]}" -c "INSERT INTO items VALUES (99999, '{9,9,9,9}')"

@@ -169,6 +169,35 @@ impl GraphView for PageStore {
             self.check_ids(node, out);
         }
     }
+    fn lists_of(&self, nodes: &[u32], f: &mut dyn FnMut(u32, &[u32])) {
+        let degree = self.layout.degree;
+        let mut lists: Vec<u32> = Vec::new();
+        let mut list = Vec::with_capacity(degree);
+        let mut at = 0;
+        while at < nodes.len() {
+            // the nodes of one graph page: their lists copied under one lock
+            let block = self.layout.graph_block(nodes[at]);
+            let group = nodes[at..].iter().take_while(|&&x| self.layout.graph_block(x) == block).count();
+            lists.clear();
+            // SAFETY: as in visit.
+            unsafe {
+                let b = Locked::read(self.rel, block, false);
+                for &x in &nodes[at..at + group] {
+                    lists.extend_from_slice(b.page().list(&self.layout, x));
+                }
+            }
+            let known = self.known.get();
+            for (&x, slots) in nodes[at..at + group].iter().zip(lists.chunks_exact(degree)) {
+                list.clear();
+                list.extend(slots.iter().copied().take_while(|&u| u != NO_NODE));
+                if list.iter().any(|&u| u >= known) {
+                    self.check_ids(x, &list);
+                }
+                f(x, &list);
+            }
+            at += group;
+        }
+    }
 }
 
 impl GraphMut for PageStore {

@@ -143,14 +143,10 @@ fn reach_store<G: GraphView>(store: &G, starts: &[u32]) -> Vec<bool> {
     let mut seen = vec![false; n];
     let fresh = |y: u32, seen: &mut Vec<bool>| (y as usize) < n && !std::mem::replace(&mut seen[y as usize], true);
     let mut level: Vec<u32> = starts.iter().copied().filter(|&s| fresh(s, &mut seen)).collect();
-    let mut list = Vec::new();
     while !level.is_empty() {
         level.sort_unstable();
         let mut next = Vec::new();
-        for &x in &level {
-            store.neighbors(x, &mut list);
-            next.extend(list.iter().copied().filter(|&y| fresh(y, &mut seen)));
-        }
+        store.lists_of(&level, &mut |_, list| next.extend(list.iter().copied().filter(|&y| fresh(y, &mut seen))));
         level = next;
     }
     seen

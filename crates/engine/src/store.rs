@@ -41,6 +41,16 @@ pub trait GraphView {
     fn visit<F: FnOnce(&[f32]) -> f32>(&self, node: u32, dist: F) -> Option<Visit>;
     /// Replaces `out` with the node's neighbour ids (no padding).
     fn neighbors(&self, node: u32, out: &mut Vec<u32>);
+    /// Calls `f` with each of `nodes`' (ascending) neighbour lists, as
+    /// [`GraphView::neighbors`] reads them: a walk's level at a time (a
+    /// paged store reads each page once for the nodes on it).
+    fn lists_of(&self, nodes: &[u32], f: &mut dyn FnMut(u32, &[u32])) {
+        let mut list = Vec::new();
+        for &x in nodes {
+            self.neighbors(x, &mut list);
+            f(x, &list);
+        }
+    }
 }
 
 /// Changes, used by insert and VACUUM. Every method is atomic on its own.

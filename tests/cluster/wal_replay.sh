@@ -61,16 +61,8 @@ SQL
 [ "$(q "${primary[@]}" -c "SELECT (gpu_graph_info('paged_idx')->'build'->'shards'->>'count')::int > 1")" = t ] ||
   fail "the second index was not built paged, in shards"
 
-# the paged index's fingerprint, as index_fingerprint's
-paged_fingerprint() {
-  psql -X -q -v ON_ERROR_STOP=1 -At "$@" <<'SQL'
-SET enable_seqscan = off;
-SELECT md5(string_agg(ids, ';' ORDER BY q)) FROM (
-  SELECT q, (SELECT string_agg(id::text, ',') FROM
-    (SELECT id FROM paged ORDER BY v <-> queries.v LIMIT 20) s) AS ids FROM queries) t;
-SELECT gpu_graph_info('paged_idx')->'nodes';
-SQL
-}
+# the paged index's fingerprint
+paged_fingerprint() { FP_TABLE=paged FP_INDEX=paged_idx index_fingerprint "$@"; }
 paged_before=$(paged_fingerprint "${primary[@]}")
 
 # what 50 index scans return, and the index's own counts, as one fingerprint

@@ -4,14 +4,15 @@
 # `items (id, v real[])` with the gpu_graph index `items_idx`, and `queries`.
 
 # index_fingerprint [PSQL ARGS...]: what 50 index scans return, and the
-# index's node counts
+# index's node counts (of table FP_TABLE, default items, and its index
+# FP_INDEX, default items_idx)
 index_fingerprint() {
-  psql -X -q -v ON_ERROR_STOP=1 -At "$@" <<'SQL'
+  psql -X -q -v ON_ERROR_STOP=1 -At -v t="${FP_TABLE:-items}" -v i="${FP_INDEX:-items_idx}" "$@" <<'SQL'
 SET enable_seqscan = off;
 SELECT md5(string_agg(ids, ';' ORDER BY q)) FROM (
   SELECT q, (SELECT string_agg(id::text, ',') FROM
-    (SELECT id FROM items ORDER BY v <-> queries.v LIMIT 20) s) AS ids FROM queries) t;
-SELECT gpu_graph_info('items_idx')->'nodes';
+    (SELECT id FROM :"t" ORDER BY v <-> queries.v LIMIT 20) s) AS ids FROM queries) t;
+SELECT gpu_graph_info(:'i')->'nodes';
 SQL
 }
 

@@ -91,7 +91,7 @@ impl Loader {
             payloads: Vec::new(),
             skipped_zero: 0,
             budget,
-            per_row: 8 + params.r * 16 + params.degree * 4,
+            per_row: super::paged::builder_bytes_per_row(params),
             estimated_rows,
             shared: None,
             claim_base: 0,

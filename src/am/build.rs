@@ -274,6 +274,7 @@ unsafe fn build_paged(
         knn,
         plan: &plan,
         merged: &mut merged,
+        budget,
     });
     drop(lists);
     report(pg_sys::PROGRESS_CREATEIDX_SUBPHASE, PHASE_GRAPH);

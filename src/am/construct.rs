@@ -16,6 +16,7 @@ use gpu_graph_gpu::{device_bytes, Control, Gpu, GpuError, KnnInit};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 
+use super::streamed;
 use crate::gucs::{BuildDevice, BUILD_DEVICE, BUILD_GPUS, BUILD_GPU_MEMORY};
 use crate::latch;
 use crate::worker::GpuBuild;
@@ -284,8 +285,14 @@ pub fn construct(
 /// A shard's graph and its rows back from a device, or why not.
 type Built = Result<(Graph, Vec<f32>), GpuError>;
 
+/// Work for a GPU's thread: a shard's rows, or a whole build streamed.
+enum Job {
+    Shard(usize, Vec<f32>),
+    Whole(streamed::Job),
+}
+
 struct GpuShards<'a> {
-    to: Option<mpsc::Sender<(usize, Vec<f32>)>>,
+    to: Option<mpsc::Sender<Job>>,
     from: mpsc::Receiver<(usize, Built)>,
     /// devices building
     devices: usize,
@@ -303,7 +310,7 @@ impl ShardBuilder for GpuShards<'_> {
     fn start(&mut self, rows: Vec<f32>) {
         if let Some(to) = &self.to {
             // a closed queue: every thread failed, which finish reports
-            let _ = to.send((self.sent, rows));
+            let _ = to.send(Job::Shard(self.sent, rows));
         }
         self.sent += 1;
     }
@@ -340,6 +347,8 @@ pub struct PagedBuild<'a> {
     pub plan: &'a dyn Fn(usize) -> Plan,
     /// gets the merged lists of consecutive nodes
     pub merged: &'a mut dyn FnMut(usize, &[u32]),
+    /// the host's bytes (maintenance_work_mem)
+    pub budget: usize,
 }
 
 /// The graph of a paged build (its vectors in the index's pages, read
@@ -357,7 +366,7 @@ pub fn construct_paged(b: PagedBuild) -> Constructed {
     if want != BuildDevice::Cpu {
         let watch = Watch::default();
         let aside = GpuBuild::begin();
-        let (rows_tx, rows_rx) = mpsc::channel::<(usize, Vec<f32>)>();
+        let (rows_tx, rows_rx) = mpsc::channel::<Job>();
         let rows_rx = std::sync::Mutex::new(rows_rx);
         let (graph_tx, graph_rx) = mpsc::channel();
         let (ready_tx, ready_rx) = mpsc::channel::<Result<(usize, String), GpuError>>();
@@ -382,7 +391,14 @@ pub fn construct_paged(b: PagedBuild) -> Constructed {
                     loop {
                         // one queue for every device: whichever is free takes the next shard
                         let job = rows_rx.lock().map(|rx| rx.recv());
-                        let Ok(Ok((seq, rows))) = job else { return };
+                        let (seq, rows) = match job {
+                            Ok(Ok(Job::Shard(seq, rows))) => (seq, rows),
+                            Ok(Ok(Job::Whole(job))) => {
+                                streamed::build(&gpu, job, sd, params, knn, watch);
+                                return;
+                            }
+                            _ => return,
+                        };
                         let r = gpu_graph_gpu::build(&gpu, &rows, sd, params, knn, watch).map(|(g, _)| (g, rows));
                         if graph_tx.send((seq, r)).is_err() || watch.stop() {
                             return;
@@ -415,11 +431,29 @@ pub fn construct_paged(b: PagedBuild) -> Constructed {
             if opened == 0 {
                 return Err(first_error.unwrap_or_else(|| GpuError::Cuda("the GPU build threads ended".into())));
             }
+            let budget_mb = BUILD_GPU_MEMORY.get().max(0) as usize;
+            let budget = if budget_mb > 0 { (budget_mb << 20).min(usable) } else { usable };
+            if device_bytes(n, sd, params, knn.exact(n)) <= budget {
+                notice!(
+                    "gpu_graph: building {n} rows on the GPU, streamed from the index's pages (the vectors exceed maintenance_work_mem); expected {:.1} s of graph construction",
+                    cost::estimate(n, sd, 1, &[n], 1).total_s()
+                );
+                let piece_rows = streamed::piece_rows(b.budget, sd);
+                let (pieces_tx, pieces) = mpsc::sync_channel(streamed::QUEUED);
+                let (back, back_rx) = mpsc::sync_channel(streamed::QUEUED);
+                let job = streamed::Job { n, pieces, back, piece_rows };
+                // one GPU's thread takes it; the others end with the queue
+                let _ = rows_tx.send(Job::Whole(job));
+                drop(rows_tx);
+                let (entry, _) = streamed::feed(b.rows, pieces_tx, back_rx, piece_rows, b.merged, &mut || {
+                    report_rounds(watch.done.load(Ordering::Relaxed), watch.total.load(Ordering::Relaxed));
+                    pg_sys::check_for_interrupts!();
+                })?;
+                return Ok(((entry, None), name));
+            }
             if opened > 1 {
                 name = format!("{opened} x {name}");
             }
-            let budget_mb = BUILD_GPU_MEMORY.get().max(0) as usize;
-            let budget = if budget_mb > 0 { (budget_mb << 20).min(usable) } else { usable };
             let mut plan = (b.plan)(opened + 1);
             plan.max_rows = plan.max_rows.min(shard_rows_on_gpu(budget, usable, sd, params, knn)?);
             let (k, cap) = gpu_graph_engine::partition::plan(n, plan.max_rows);
@@ -453,7 +487,8 @@ pub fn construct_paged(b: PagedBuild) -> Constructed {
             );
             // the threads' loops end with their queue
             gpu.to = None;
-            r.ok_or_else(|| gpu.failed.take().unwrap_or(GpuError::Cancelled)).map(|r| (r, name))
+            r.ok_or_else(|| gpu.failed.take().unwrap_or(GpuError::Cancelled))
+                .map(|(entry, st)| ((entry, Some(st)), name))
         });
         drop(aside);
         match outcome {
@@ -493,7 +528,7 @@ pub fn construct_paged(b: PagedBuild) -> Constructed {
             },
         )
         .unwrap_or_else(|| error!("gpu_graph: index build cancelled"));
-        (entry, stats, Device::Cpu { threads: rayon::current_num_threads() })
+        (entry, Some(stats), Device::Cpu { threads: rayon::current_num_threads() })
     });
     Constructed {
         graph: Graph { degree: params.degree, adjacency: Vec::new(), entry: Some(entry) },
@@ -501,7 +536,7 @@ pub fn construct_paged(b: PagedBuild) -> Constructed {
         upload_ms: 0.0,
         construct_ms: t.elapsed().as_secs_f32() * 1000.0,
         download_ms: 0.0,
-        shards: Some(stats),
+        shards: stats,
     }
 }
 

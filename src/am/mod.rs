@@ -11,6 +11,7 @@ pub mod options;
 pub mod paged;
 pub mod parallel_scan;
 pub mod scan;
+pub mod streamed;
 pub mod vacuum;
 pub mod vector;
 pub mod verify;

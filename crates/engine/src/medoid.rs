@@ -11,33 +11,81 @@ pub fn medoid(vectors: &[f32], stored_dim: usize) -> Option<u32> {
         return None;
     }
     let n = vectors.len() / stored_dim;
-    // the sum in f64 (millions of f32 additions would lose the low digits),
     // over blocks fixed by n alone and added in order, so the result does
     // not depend on how rayon splits the work
     let block = n.div_ceil(64).max(1024) * stored_dim;
-    let partial: Vec<Vec<f64>> = vectors
+    let partial: Vec<RowSum> = vectors
         .par_chunks(block)
         .map(|rows| {
-            let mut s = vec![0f64; stored_dim];
-            for row in rows.chunks_exact(stored_dim) {
-                for (a, &x) in s.iter_mut().zip(row) {
-                    *a += x as f64;
-                }
-            }
+            let mut s = RowSum::new(stored_dim);
+            s.add(rows);
             s
         })
         .collect();
-    let mut sum = vec![0f64; stored_dim];
-    for p in &partial {
-        sum.iter_mut().zip(p).for_each(|(a, b)| *a += b);
+    let mut sum = RowSum::new(stored_dim);
+    partial.iter().for_each(|p| sum.merge(p));
+    let mut nearest = NearestRow::new(sum.mean());
+    nearest.add(0, vectors);
+    nearest.row()
+}
+
+/// The sum of rows, added piece by piece, in f64 (millions of f32
+/// additions would lose the low digits).
+pub struct RowSum {
+    sum: Vec<f64>,
+    rows: usize,
+}
+
+impl RowSum {
+    pub fn new(stored_dim: usize) -> RowSum {
+        RowSum { sum: vec![0f64; stored_dim], rows: 0 }
     }
-    let centroid: Vec<f32> = sum.iter().map(|s| (s / n as f64) as f32).collect();
-    vectors
-        .par_chunks_exact(stored_dim)
-        .enumerate()
-        .map(|(i, row)| (l2sq(row, &centroid), i))
-        .min_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)))
-        .map(|(_, i)| i as u32)
+    pub fn add(&mut self, rows: &[f32]) {
+        let d = self.sum.len();
+        for row in rows.chunks_exact(d) {
+            for (a, &x) in self.sum.iter_mut().zip(row) {
+                *a += x as f64;
+            }
+        }
+        self.rows += rows.len() / d;
+    }
+    pub fn merge(&mut self, other: &RowSum) {
+        self.sum.iter_mut().zip(&other.sum).for_each(|(a, b)| *a += b);
+        self.rows += other.rows;
+    }
+    pub fn mean(&self) -> Vec<f32> {
+        self.sum.iter().map(|s| (s / self.rows.max(1) as f64) as f32).collect()
+    }
+}
+
+/// The row nearest a point (squared L2; the lower number on a tie), over
+/// pieces of rows numbered in order.
+pub struct NearestRow {
+    point: Vec<f32>,
+    best: Option<(f32, u32)>,
+}
+
+impl NearestRow {
+    pub fn new(point: Vec<f32>) -> NearestRow {
+        NearestRow { point, best: None }
+    }
+    /// Rows numbered `first..`.
+    pub fn add(&mut self, first: usize, rows: &[f32]) {
+        let p = &self.point;
+        let near = rows
+            .par_chunks_exact(p.len())
+            .enumerate()
+            .map(|(i, row)| (l2sq(row, p), (first + i) as u32))
+            .min_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+        if let Some(c) = near {
+            if self.best.is_none_or(|b| c.0.total_cmp(&b.0).then(c.1.cmp(&b.1)).is_lt()) {
+                self.best = Some(c);
+            }
+        }
+    }
+    pub fn row(&self) -> Option<u32> {
+        self.best.map(|b| b.1)
+    }
 }
 
 #[cfg(test)]

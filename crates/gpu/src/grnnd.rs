@@ -212,14 +212,80 @@ fn build_inner(
             adj.par_chunks_mut(1024).for_each(|c| c[0] = NO_NODE);
             (entry, adj, t.elapsed().as_secs_f64() * 1e3)
         });
-        let mut run = Run::new(gpu, vectors, dim, params, exact, opts, control)?;
+        let t = Instant::now();
+        let dv = Run::upload(gpu, n, dim, params, exact, &mut || DeviceVectors::upload(gpu, vectors, dim))?;
+        let maxabs = crate::vectors::max_abs(vectors);
+        let mut run = Run::new(gpu, dv, maxabs, t, params, exact, opts, control)?;
         run.start()?;
         run.refine()?;
-        let (entry, adjacency, host_ms) = host.join().expect("the host thread panicked");
+        let (entry, mut adjacency, host_ms) = host.join().expect("the host thread panicked");
         run.times.entry_ms = host_ms;
-        let adjacency = run.finish(adjacency)?;
+        let adj = run.final_cut()?;
+        let t = Instant::now();
+        let st = run.st;
+        st.memcpy_dtoh(&adj, &mut adjacency).map_err(|e| cuda("downloading the graph", e))?;
+        st.synchronize().map_err(|e| cuda("downloading the graph", e))?;
+        run.times.download_ms = t.elapsed().as_secs_f64() * 1e3;
+        run.verify_cut(&adjacency)?;
         Ok((Graph { degree, adjacency, entry }, run.times))
     })
+}
+
+/// Builds the graph of `n` rows handed over in pieces of consecutive rows
+/// by `next` (None: no more; the host never holds them all), and hands its
+/// lists back in pieces of at most `piece_rows` consecutive nodes to
+/// `lists` (first node, their `degree` ids a node). No entry point: the
+/// caller has the rows to find one. A build whose device memory
+/// ([`device_bytes`]) the caller has weighed: the host's is a piece.
+#[allow(clippy::too_many_arguments)]
+pub fn build_streamed(
+    gpu: &Gpu,
+    n: usize,
+    dim: usize,
+    params: &BuildParams,
+    knn_init: KnnInit,
+    next: &mut dyn FnMut() -> Option<Vec<f32>>,
+    piece_rows: usize,
+    lists: &mut dyn FnMut(usize, &[u32]),
+    control: &dyn Control,
+) -> Result<PhaseTimes, GpuError> {
+    let r = guard("GPU build", || {
+        if n < 2 || params.degree == 0 || params.r.max(params.degree) > 1024 {
+            return Err(GpuError::Unsupported(format!(
+                "a streamed build of {n} rows, degree {}, pool {}",
+                params.degree, params.r
+            )));
+        }
+        let exact = knn_init.exact(n);
+        let t = Instant::now();
+        let mut maxabs = 0f32;
+        let dv = Run::upload(gpu, n, dim, params, exact, &mut || {
+            let (dv, m) = DeviceVectors::upload_pieces(gpu, n, dim, next)?;
+            maxabs = m;
+            Ok(dv)
+        })?;
+        let opts = GpuOptions::default();
+        let mut run = Run::new(gpu, dv, maxabs, t, params, exact, &opts, control)?;
+        run.start()?;
+        run.refine()?;
+        let adj = run.final_cut()?;
+        let t = Instant::now();
+        let (st, degree) = (run.st, params.degree);
+        let step = piece_rows.max(1);
+        let mut host = vec![0u32; step.min(n) * degree];
+        for first in (0..n).step_by(step) {
+            let rows = step.min(n - first);
+            let out = &mut host[..rows * degree];
+            st.memcpy_dtoh(&adj.slice(first * degree..(first + rows) * degree), out)
+                .map_err(|e| cuda("downloading the graph", e))?;
+            st.synchronize().map_err(|e| cuda("downloading the graph", e))?;
+            lists(first, out);
+        }
+        run.times.download_ms = t.elapsed().as_secs_f64() * 1e3;
+        Ok(run.times)
+    });
+    let _ = gpu.stream.synchronize();
+    r
 }
 
 /// The GRNND kernels of the device's module.
@@ -289,7 +355,8 @@ struct Run<'a> {
     st: &'a Arc<CudaStream>,
     k: Kernels,
     cfg: LaunchConfig,
-    host: &'a [f32],
+    /// the vectors' largest magnitude (the exact k-NN's fp16 scale)
+    maxabs: f32,
     params: &'a BuildParams,
     opts: &'a GpuOptions,
     control: &'a dyn Control,
@@ -308,26 +375,42 @@ struct Run<'a> {
 }
 
 impl<'a> Run<'a> {
+    /// The build's device memory reserved, then the vectors uploaded by
+    /// `upload`.
+    fn upload(
+        gpu: &Gpu,
+        n: usize,
+        dim: usize,
+        params: &BuildParams,
+        exact: bool,
+        upload: &mut dyn FnMut() -> Result<DeviceVectors, GpuError>,
+    ) -> Result<DeviceVectors, GpuError> {
+        DeviceVectors::plan(n, dim)?;
+        gpu.reserve(device_bytes(n, dim, params, exact), "the GPU graph build")?;
+        let dv = upload()?;
+        gpu.stream.synchronize().map_err(|e| cuda("uploading the vectors", e))?;
+        Ok(dv)
+    }
+
+    /// A build over the uploaded `dv` (copied in since `started`).
+    #[allow(clippy::too_many_arguments)]
     fn new(
         gpu: &'a Gpu,
-        host: &'a [f32],
-        dim: usize,
+        dv: DeviceVectors,
+        maxabs: f32,
+        started: Instant,
         params: &'a BuildParams,
         exact: bool,
         opts: &'a GpuOptions,
         control: &'a dyn Control,
     ) -> Result<Run<'a>, GpuError> {
-        let n = host.len() / dim;
+        let n = dv.n;
         let r = params.r.max(params.degree);
-        DeviceVectors::plan(n, dim)?;
-        gpu.reserve(device_bytes(n, dim, params, exact), "the GPU graph build")?;
         let cfg = warp_grid(n, r);
         let k = Kernels::load(gpu, &cfg)?;
         let st = &gpu.stream;
-        let t = Instant::now();
-        let dv = DeviceVectors::upload(gpu, host, dim)?;
-        st.synchronize().map_err(|e| cuda("uploading the vectors", e))?;
-        let times = PhaseTimes { upload_ms: t.elapsed().as_secs_f64() * 1e3, knn_exact: exact, ..Default::default() };
+        let times =
+            PhaseTimes { upload_ms: started.elapsed().as_secs_f64() * 1e3, knn_exact: exact, ..Default::default() };
         if control.stop() {
             return Err(GpuError::Cancelled);
         }
@@ -336,7 +419,7 @@ impl<'a> Run<'a> {
             st,
             k,
             cfg,
-            host,
+            maxabs,
             params,
             opts,
             control,
@@ -391,7 +474,7 @@ impl<'a> Run<'a> {
         let mut keep32 = 0u32;
         if self.exact {
             let k = Self::k_init(self.params, self.n, self.r);
-            let (ki, kd) = knn::knn_device(self.gpu, self.dv(), self.host, k, self.control)?;
+            let (ki, kd) = knn::knn_device(self.gpu, self.dv(), self.maxabs, k, self.control)?;
             let k32 = k as u32;
             let c = LaunchConfig {
                 grid_dim: ((self.n * self.r).div_ceil(256) as u32, 1, 1),
@@ -519,10 +602,8 @@ impl<'a> Run<'a> {
         self.sync("grnnd_reverse")
     }
 
-    /// The final cut on the device, then the adjacency into `adjacency`
-    /// (n x degree, pages already touched); with `verify_cut`, the engine's
-    /// cut of the downloaded pools compared list for list.
-    fn finish(&mut self, mut adjacency: Vec<u32>) -> Result<Vec<u32>, GpuError> {
+    /// The final cut on the device: n x degree ids, left there.
+    fn final_cut(&mut self) -> Result<CudaSlice<u32>, GpuError> {
         let (st, degree) = (self.st, self.params.degree);
         // the rounds' buffers go before the adjacency is allocated
         self.half = None;
@@ -536,17 +617,20 @@ impl<'a> Run<'a> {
         unsafe { b.launch(self.cfg) }.map_err(|e| cuda("grnnd_finish", e))?;
         st.synchronize().map_err(|e| cuda("the final cut", e))?;
         self.times.final_cut_ms = t.elapsed().as_secs_f64() * 1e3;
-        let t = Instant::now();
-        st.memcpy_dtoh(&adj, &mut adjacency).map_err(|e| cuda("downloading the graph", e))?;
-        st.synchronize().map_err(|e| cuda("downloading the graph", e))?;
-        self.times.download_ms = t.elapsed().as_secs_f64() * 1e3;
+        Ok(adj)
+    }
+
+    /// With `verify_cut`: the engine's cut of the downloaded pools compared
+    /// with the device's, list for list.
+    fn verify_cut(&mut self, adjacency: &[u32]) -> Result<(), GpuError> {
         if self.opts.verify_cut {
-            let pools: Vec<u64> = st.clone_dtoh(&self.pool_a).map_err(|e| cuda("downloading the pools", e))?;
+            let degree = self.params.degree;
+            let pools: Vec<u64> = self.st.clone_dtoh(&self.pool_a).map_err(|e| cuda("downloading the pools", e))?;
             let engine = engine_cut(&pools, self.r, degree);
             let differ = engine.chunks(degree).zip(adjacency.chunks(degree)).filter(|(a, b)| a != b).count();
             self.times.cut_mismatches = Some(differ);
         }
-        Ok(adjacency)
+        Ok(())
     }
 }
 

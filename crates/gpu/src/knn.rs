@@ -4,7 +4,6 @@
 
 use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
-use rayon::prelude::*;
 
 use crate::abi;
 use crate::device::{function, Gpu};
@@ -39,10 +38,9 @@ pub(crate) fn dk_for(dim: usize) -> usize {
     dim.div_ceil(KC) * KC
 }
 
-/// Power-of-two scale putting the largest magnitude near 2^13 in fp16.
-fn fp16_scale(vectors: &[f32]) -> f32 {
-    let maxabs =
-        vectors.par_chunks(1 << 16).map(|c| c.iter().fold(0f32, |m, &x| m.max(x.abs()))).reduce(|| 0.0, f32::max);
+/// Power-of-two scale putting the largest magnitude, `maxabs`, near 2^13
+/// in fp16.
+fn fp16_scale(maxabs: f32) -> f32 {
     if maxabs.is_nan() || maxabs <= 0.0 || !maxabs.is_finite() {
         return 1.0;
     }
@@ -51,12 +49,12 @@ fn fp16_scale(vectors: &[f32]) -> f32 {
 }
 
 /// The k-NN of the uploaded vectors, left on the device: (ids, distances),
-/// n x k. `host` are the same vectors on the host (for the fp16 scale).
+/// n x k. `maxabs` is their largest magnitude (for the fp16 scale).
 /// `control` may stop it between launches.
 pub(crate) fn knn_device(
     gpu: &Gpu,
     dv: &DeviceVectors,
-    host: &[f32],
+    maxabs: f32,
     k: usize,
     control: &dyn crate::grnnd::Control,
 ) -> Result<(CudaSlice<u32>, CudaSlice<f32>), GpuError> {
@@ -77,7 +75,7 @@ pub(crate) fn knn_device(
         )
         .map_err(|e| cuda("knn shared memory", e))?;
     let s = &gpu.stream;
-    let scale = fp16_scale(host);
+    let scale = fp16_scale(maxabs);
     let inv_scale2 = 1.0 / (scale * scale);
     let mut xh = zeroed::<u16>(s, n * dk, "the fp16 vectors")?;
     let mut norms = zeroed::<f32>(s, n, "norms")?;
@@ -139,7 +137,7 @@ pub fn knn_graph(gpu: &Gpu, vectors: &[f32], dim: usize, k: usize) -> Result<Knn
         let dv0 = DeviceVectors::plan(n, dim)?;
         gpu.reserve(dv0.bytes() + device_bytes(n, dk_for(dim), k), "the exact k-NN graph")?;
         let dv = DeviceVectors::upload(gpu, vectors, dim)?;
-        let (di, dd) = knn_device(gpu, &dv, vectors, k, &|| false)?;
+        let (di, dd) = knn_device(gpu, &dv, crate::vectors::max_abs(vectors), k, &|| false)?;
         let ids = gpu.stream.clone_dtoh(&di).map_err(|e| cuda("downloading the k-NN graph", e))?;
         let dists = gpu.stream.clone_dtoh(&dd).map_err(|e| cuda("downloading the k-NN graph", e))?;
         Ok(KnnGraph { k, ids, dists })

@@ -53,4 +53,49 @@ impl DeviceVectors {
         .map_err(|e| cuda("uploading the vectors", e))?;
         Ok(DeviceVectors { x, n, dim, dp })
     }
+
+    /// The `n` rows handed over in pieces of consecutive rows by `next`
+    /// (None: no more), each copied in as it comes, so the host never holds
+    /// more than a piece; also the largest magnitude seen. An error when the
+    /// pieces hold other than `n` rows.
+    pub fn upload_pieces(
+        gpu: &Gpu,
+        n: usize,
+        dim: usize,
+        next: &mut dyn FnMut() -> Option<Vec<f32>>,
+    ) -> Result<(DeviceVectors, f32), GpuError> {
+        let dp = DeviceVectors::plan(n, dim)?.dp;
+        let st = &gpu.stream;
+        let mut x = crate::memory::zeroed::<f32>(st, n * dp, "the vectors")?;
+        let (mut at, mut maxabs, mut padded) = (0usize, 0f32, Vec::new());
+        while let Some(piece) = next() {
+            let rows = piece.len() / dim;
+            if at + rows > n {
+                return Err(GpuError::Unsupported(format!("more than the {n} rows announced")));
+            }
+            maxabs = maxabs.max(max_abs(&piece));
+            let src = if dp == dim {
+                &piece[..rows * dim]
+            } else {
+                padded.clear();
+                padded.resize(rows * dp, 0f32);
+                padded.par_chunks_mut(dp).zip(piece.par_chunks(dim)).for_each(|(o, i)| o[..dim].copy_from_slice(i));
+                &padded[..]
+            };
+            let mut to = x.slice_mut(at * dp..(at + rows) * dp);
+            st.memcpy_htod(src, &mut to).map_err(|e| cuda("uploading the vectors", e))?;
+            // the piece goes back to the allocator only once copied
+            st.synchronize().map_err(|e| cuda("uploading the vectors", e))?;
+            at += rows;
+        }
+        if at != n {
+            return Err(GpuError::Unsupported(format!("{at} rows handed over of the {n} announced")));
+        }
+        Ok((DeviceVectors { x, n, dim, dp }, maxabs))
+    }
+}
+
+/// The largest magnitude in `vectors` (NaN when one is).
+pub(crate) fn max_abs(vectors: &[f32]) -> f32 {
+    vectors.par_chunks(1 << 16).map(|c| c.iter().fold(0f32, |m, &x| m.max(x.abs()))).reduce(|| 0.0, f32::max)
 }

@@ -275,6 +275,7 @@ unsafe fn build_paged(
         plan: &plan,
         merged: &mut merged,
         budget,
+        lists_chunk: layout.per_chunk,
     });
     drop(lists);
     report(pg_sys::PROGRESS_CREATEIDX_SUBPHASE, PHASE_GRAPH);

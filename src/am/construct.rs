@@ -349,6 +349,8 @@ pub struct PagedBuild<'a> {
     pub merged: &'a mut dyn FnMut(usize, &[u32]),
     /// the host's bytes (maintenance_work_mem)
     pub budget: usize,
+    /// nodes whose lists are written together (a graph page's chunk)
+    pub lists_chunk: usize,
 }
 
 /// The graph of a paged build (its vectors in the index's pages, read
@@ -438,7 +440,7 @@ pub fn construct_paged(b: PagedBuild) -> Constructed {
                     "gpu_graph: building {n} rows on the GPU, streamed from the index's pages (the vectors exceed maintenance_work_mem); expected {:.1} s of graph construction",
                     cost::estimate(n, sd, 1, &[n], 1).total_s()
                 );
-                let piece_rows = streamed::piece_rows(b.budget, sd);
+                let piece_rows = streamed::piece_rows(b.budget, sd, b.lists_chunk);
                 let (pieces_tx, pieces) = mpsc::sync_channel(streamed::QUEUED);
                 let (back, back_rx) = mpsc::sync_channel(streamed::QUEUED);
                 let job = streamed::Job { n, pieces, back, piece_rows };

@@ -33,9 +33,13 @@ pub const QUEUED: usize = 2;
 
 /// Rows a piece, `budget` the host's bytes: a sixteenth of it (with the
 /// pieces queued each way, the padded copy and the entry point's pass,
-/// about a third in all), 1024 to 65536 rows.
-pub fn piece_rows(budget: usize, stored_dim: usize) -> usize {
-    (budget / 16 / (stored_dim * 4).max(1)).clamp(1024, 1 << 16)
+/// about a third in all), 1024 to 65536 rows, in whole chunks of `chunk`
+/// rows (the lists come back as they are written: a graph page's chunk at
+/// a time).
+pub fn piece_rows(budget: usize, stored_dim: usize, chunk: usize) -> usize {
+    let rows = (budget / 16 / (stored_dim * 4).max(1)).clamp(1024, 1 << 16);
+    let chunk = chunk.max(1);
+    (rows / chunk).max(1) * chunk
 }
 
 /// Runs `job` on `gpu` (the GPU's thread).

@@ -15,7 +15,9 @@
 #    answers with recall@10 of at least 0.95 at ef_search 20;
 #    with gpu_graph.build_gpu_memory at a quarter of what that build needs,
 #    it is built in shards and reaches recall@10 within 0.01 of it at
-#    ef_search 20 and 40;
+#    ef_search 20 and 40; with maintenance_work_mem at a quarter of the
+#    vectors it is streamed from the index's pages to the GPU (recall within
+#    0.01), and with both at a quarter it is built in paged shards;
 # 4. harmless interrupts (pg_log_backend_memory_contexts every 20 ms, after
 #    another statement in the same session) do not stop a GPU build; a
 #    cancel (pg_cancel_backend while the graph is being built, and

@@ -438,7 +438,7 @@ pub fn construct_paged(b: PagedBuild) -> Constructed {
             if device_bytes(n, sd, params, knn.exact(n)) <= budget {
                 notice!(
                     "gpu_graph: building {n} rows on the GPU, streamed from the index's pages (the vectors exceed maintenance_work_mem); expected {:.1} s of graph construction",
-                    cost::estimate(n, sd, 1, &[n], 1).total_s()
+                    cost::streamed_seconds(n, sd)
                 );
                 let piece_rows = streamed::piece_rows(b.budget, sd, b.lists_chunk);
                 let (pieces_tx, pieces) = mpsc::sync_channel(streamed::QUEUED);

@@ -7,7 +7,9 @@
 #    set InterruptPending, which the GPU thread once took for a cancel;
 # 2. pg_cancel_backend while the graph is being built stops the build within
 #    5 s, leaves no index and the backend holds no GPU memory afterwards;
-# 3. statement_timeout while the vector pages are written: the same.
+# 3. statement_timeout while the vector pages are written: the same;
+# 4. statement_timeout at three points of a build streamed from the index's
+#    pages (maintenance_work_mem below the vectors): the same.
 set -euo pipefail
 out=${OUT:-/tmp/gpu-test}
 mkdir -p "$out"
@@ -109,4 +111,11 @@ say "statement_timeout while the vector pages are written"
 scan_ms=$(q -c "SELECT round((gpu_graph_info('items_embedding_idx')->'build'->'phases'->>'heap scan ms')::float)")
 cancelled timed_out "" "SET statement_timeout = '$((scan_ms + 300))ms';"
 checked_cancel timed_out "canceling statement due to statement timeout"
+say "statement_timeout during streamed builds (maintenance_work_mem at a quarter of the vectors)"
+# 1M SIFT streams in ~2.8 s on an H100: the scan to ~1 s, the pieces going
+# up, the rounds with the entry point's pass, the lists coming down
+for ms in 1200 1700 2200; do
+  cancelled "streamed_$ms" "" "SET maintenance_work_mem = '128MB';" "SET statement_timeout = '${ms}ms';"
+  checked_cancel "streamed_$ms" "canceling statement due to statement timeout"
+done
 say "gpu-interrupts-test: passed"

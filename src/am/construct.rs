@@ -130,6 +130,16 @@ fn shard_rows_on_gpu(
     Ok(max_rows)
 }
 
+/// The device bytes a build may use: gpu_graph.build_gpu_memory's `mb`
+/// within the `usable` ones, all of them when 0.
+fn gpu_budget(mb: usize, usable: usize) -> usize {
+    if mb > 0 {
+        (mb << 20).min(usable)
+    } else {
+        usable
+    }
+}
+
 /// Builds the graph on the GPU: whole when the build fits in `budget_mb`
 /// (0: the device's usable free memory), else in shards that do (Tagore's
 /// partition, each shard by the same GRNND kernels, merged on the host).
@@ -145,7 +155,7 @@ fn on_gpu(
     let device = || Device::Gpu { name: gpu.info().name.clone() };
     let n = vectors.len() / stored_dim;
     let usable = gpu.usable_memory()?;
-    let budget = if budget_mb > 0 { (budget_mb << 20).min(usable) } else { usable };
+    let budget = gpu_budget(budget_mb, usable);
     if device_bytes(n, stored_dim, params, knn.exact(n)) <= budget {
         let (graph, t) = gpu_graph_gpu::build(&gpu, vectors, stored_dim, params, knn, watch)?;
         return Ok(Constructed {
@@ -433,8 +443,7 @@ pub fn construct_paged(b: PagedBuild) -> Constructed {
             if opened == 0 {
                 return Err(first_error.unwrap_or_else(|| GpuError::Cuda("the GPU build threads ended".into())));
             }
-            let budget_mb = BUILD_GPU_MEMORY.get().max(0) as usize;
-            let budget = if budget_mb > 0 { (budget_mb << 20).min(usable) } else { usable };
+            let budget = gpu_budget(BUILD_GPU_MEMORY.get().max(0) as usize, usable);
             if device_bytes(n, sd, params, knn.exact(n)) <= budget {
                 notice!(
                     "gpu_graph: building {n} rows on the GPU, streamed from the index's pages (the vectors exceed maintenance_work_mem); expected {:.1} s of graph construction",

@@ -84,9 +84,16 @@ impl Drop for Locked {
     }
 }
 
-/// One GenericXLog record over one locked buffer.
+/// GenericXLog's most pages a record (MAX_GENERIC_XLOG_PAGES).
+const MAX_PAGES: usize = 4;
+
+/// One GenericXLog record over up to four locked buffers.
 pub struct Xlog {
     state: *mut pg_sys::GenericXLogState,
+    rel: pg_sys::Relation,
+    /// the pages registered, for the change log
+    blocks: [u32; MAX_PAGES],
+    registered: usize,
 }
 
 impl Xlog {
@@ -94,7 +101,7 @@ impl Xlog {
     /// `rel` must be an open index relation.
     pub unsafe fn start(rel: pg_sys::Relation) -> Xlog {
         // SAFETY: `rel` is an open relation (the caller's contract).
-        Xlog { state: unsafe { pg_sys::GenericXLogStart(rel) } }
+        Xlog { state: unsafe { pg_sys::GenericXLogStart(rel) }, rel, blocks: [0; MAX_PAGES], registered: 0 }
     }
 
     /// Registers a buffer locked exclusively by the caller; returns the image
@@ -102,6 +109,11 @@ impl Xlog {
     /// `fresh` logs the full image (a new page).
     pub fn register(&mut self, locked: &Locked, fresh: bool) -> PageMut<'_> {
         let flags = if fresh { pg_sys::GENERIC_XLOG_FULL_IMAGE as i32 } else { 0 };
+        // GenericXLogRegisterBuffer refuses a fifth page with an ERROR first
+        if self.registered < MAX_PAGES {
+            self.blocks[self.registered] = locked.block();
+            self.registered += 1;
+        }
         // SAFETY: the state is live until finish or drop, which take `self`;
         // the buffer is pinned and locked (`locked`). The image returned is
         // the state's own MAXALIGNed copy of the page, which only the view
@@ -109,9 +121,16 @@ impl Xlog {
         unsafe { PageMut::new(pg_sys::GenericXLogRegisterBuffer(self.state, locked.buf, flags)) }
     }
 
+    /// Applies the changes to the buffers and logs them; then notes the
+    /// pages in the search worker's change log while the caller still holds
+    /// their locks (so before anyone reads them, and before a commit).
     pub fn finish(self) {
-        // SAFETY: the state is live (finish consumes it; forget skips the abort).
-        unsafe { pg_sys::GenericXLogFinish(self.state) };
+        // SAFETY: the state is live (finish consumes it; forget skips the
+        // abort); `rel` is open (start's contract).
+        unsafe {
+            pg_sys::GenericXLogFinish(self.state);
+            crate::worker::note_changes(self.rel, &self.blocks[..self.registered]);
+        }
         std::mem::forget(self);
     }
 }

@@ -139,7 +139,8 @@ pub extern "C-unwind" fn gpu_graph_worker_main(_arg: pg_sys::Datum) {
     shared.worker_pid.store(pid, Ordering::Release);
     log!("gpu_graph search worker: serving index scans on {}", device.describe());
 
-    let mut w = Worker { shared, device, auto_limit, residency: Residency::default(), inflight: Vec::new() };
+    let mut w =
+        Worker { shared, device, auto_limit, residency: Residency::default(), inflight: Vec::new(), taken: Vec::new() };
     let outcome = w.serve();
     w.residency.clear(&w.device, shared);
     w.device.shutdown();
@@ -205,6 +206,8 @@ struct Worker {
     auto_limit: usize,
     residency: Residency,
     inflight: Vec<InFlight>,
+    /// the slots taken in one pass (kept for its allocation)
+    taken: Vec<(usize, u64)>,
 }
 
 impl Worker {
@@ -269,15 +272,26 @@ impl Worker {
         }
     }
 
-    /// Takes every submitted request; whether there was one.
+    /// Takes every submitted request; whether there was one. The copies
+    /// follow the change log after the requests are taken and before any
+    /// is searched: each sees every change committed before it was submitted.
     fn take_requests(&mut self) -> Result<bool, String> {
-        let mut took = false;
+        let mut taken = std::mem::take(&mut self.taken);
+        taken.clear();
         for (i, slot) in self.shared.slots().iter().enumerate() {
             if let Some(seq) = slot.take() {
-                took = true;
-                self.start(i, seq)?;
+                taken.push((i, seq));
             }
         }
+        if !taken.is_empty() {
+            // SAFETY: the worker's main thread, as in `serve`.
+            unsafe { self.residency.sync(self.shared) };
+        }
+        let took = !taken.is_empty();
+        for &(i, seq) in &taken {
+            self.start(i, seq)?;
+        }
+        self.taken = taken;
         Ok(took)
     }
 

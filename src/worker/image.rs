@@ -122,8 +122,8 @@ pub struct Loader {
     pub started: Instant,
     /// the index's lock, then its database's (dropped in this order)
     _locks: (SessionLock, SessionLock),
+    pub file: File,
     rnode: pg_sys::RelFileNode,
-    permanent: bool,
     strategy: pg_sys::BufferAccessStrategy,
     layout: Layout,
     /// next block to read, last block to read
@@ -132,6 +132,18 @@ pub struct Loader {
     image: Option<FlatIndex>,
     /// inner product's pinned outliers, which every search starts from
     pinned: Vec<u32>,
+    /// pages changed while the copy was read (the change log): read again
+    /// once it is whole
+    pub changed: Vec<u32>,
+}
+
+/// What reading an index's pages takes besides its RelFileNode: the OIDs
+/// its session locks name, and whether its buffers are permanent.
+#[derive(Clone, Copy, Debug)]
+pub struct File {
+    pub db: u32,
+    pub index: u32,
+    pub permanent: bool,
 }
 
 pub enum Begin {
@@ -209,14 +221,15 @@ impl Loader {
                 generation: 0,
                 started: Instant::now(),
                 _locks: (index, db),
+                file: File { db: req.db, index: req.index, permanent: req.permanent },
                 rnode,
-                permanent: req.permanent,
                 strategy: pg_sys::GetAccessStrategy(pg_sys::BufferAccessStrategyType::BAS_BULKREAD),
                 layout: Layout::new(8, 1, Element::F32),
                 next: 1,
                 last: 0,
                 image: None,
                 pinned: Vec::new(),
+                changed: Vec::new(),
             };
             let smgr = pg_sys::smgropen(rnode, pg_sys::InvalidBackendId);
             if !pg_sys::smgrexists(smgr, pg_sys::ForkNumber::MAIN_FORKNUM) {
@@ -237,24 +250,9 @@ impl Loader {
     /// # Safety
     /// As for [`Loader::begin`], and the block must exist.
     unsafe fn read_block<T>(&self, block: u32, f: impl FnOnce(PageRef) -> T) -> T {
-        // SAFETY: on the worker's main thread with a resource owner (the
-        // caller's contract), as WAL replay reads a page by RelFileNode; the
-        // session locks keep the file from being removed meanwhile. The view
-        // lives under the share lock, which no process writes through.
-        unsafe {
-            let buf = pg_sys::ReadBufferWithoutRelcache(
-                self.rnode,
-                pg_sys::ForkNumber::MAIN_FORKNUM,
-                block,
-                pg_sys::ReadBufferMode::RBM_NORMAL,
-                self.strategy,
-                self.permanent,
-            );
-            pg_sys::LockBuffer(buf, pg_sys::BUFFER_LOCK_SHARE as i32);
-            let out = f(PageRef::new(pg_sys::BufferGetPage(buf)));
-            pg_sys::UnlockReleaseBuffer(buf);
-            out
-        }
+        // SAFETY: the caller's contract; the loader's session locks keep the
+        // file from being removed meanwhile.
+        unsafe { read_block(self.rnode, self.file.permanent, self.strategy, block, f) }
     }
 
     /// Reads up to `budget` more pages; true when the copy is complete.
@@ -268,29 +266,8 @@ impl Loader {
         let end = self.last.min(self.next.saturating_add(budget - 1));
         while n > 0 && self.next <= end {
             let b = self.next;
-            let chunk = (b as usize - 1) / l.pages_per_chunk;
-            let page = (b as usize - 1) % l.pages_per_chunk;
-            let first = chunk * l.per_chunk;
-            let chunk_end = (first + l.per_chunk).min(n);
             // SAFETY: the caller's contract; blocks up to `last` exist (begin).
-            unsafe {
-                self.read_block(b, |p| {
-                    if page == 0 {
-                        for node in first..chunk_end {
-                            image.graph.adjacency[node * l.degree..(node + 1) * l.degree]
-                                .copy_from_slice(p.list(&l, node as u32));
-                        }
-                    } else {
-                        let lo = first + (page - 1) * l.per_vector_page;
-                        for node in lo..(lo + l.per_vector_page).min(chunk_end) {
-                            let t = p.tuple(&l, node as u32);
-                            // the page's flags are the engine's node flags, widened
-                            image.flags[node] = t.header.flags as u8;
-                            t.vector.copy_to(&mut image.vectors[node * l.stored_dim..(node + 1) * l.stored_dim]);
-                        }
-                    }
-                })
-            };
+            unsafe { self.read_block(b, |p| copy_block(&mut image, &l, b, p)) };
             self.next += 1;
         }
         self.image = Some(image);
@@ -305,17 +282,152 @@ impl Loader {
     /// search does by seeding them (engine::outliers).
     pub fn take(mut self) -> FlatIndex {
         let mut image = self.image.take().expect("a started load has an image");
-        if let (Some(e), false) = (image.graph.entry, self.pinned.is_empty()) {
-            let d = image.graph.degree;
-            let list = &mut image.graph.adjacency[e as usize * d..(e as usize + 1) * d];
-            let missing: Vec<u32> =
-                self.pinned.iter().copied().filter(|p| *p != e && !list.contains(p)).take(d / 2).collect();
-            let used = list.iter().position(|&u| u == NO_NODE).unwrap_or(d);
-            let at = used.min(d - missing.len());
-            list[at..at + missing.len()].copy_from_slice(&missing);
-        }
+        pin_outliers(&mut image, &self.pinned);
         image
     }
+}
+
+/// Calls `f` on block `block` of the index in `rnode`, under a share lock.
+///
+/// # Safety
+/// The worker's main thread with a resource owner; the block exists and
+/// the caller holds a lock that keeps the file from being removed.
+unsafe fn read_block<T>(
+    rnode: pg_sys::RelFileNode,
+    permanent: bool,
+    strategy: pg_sys::BufferAccessStrategy,
+    block: u32,
+    f: impl FnOnce(PageRef) -> T,
+) -> T {
+    // SAFETY: on the worker's main thread with a resource owner (the
+    // caller's contract), as WAL replay reads a page by RelFileNode. The
+    // view lives under the share lock, which no process writes through.
+    unsafe {
+        let buf = pg_sys::ReadBufferWithoutRelcache(
+            rnode,
+            pg_sys::ForkNumber::MAIN_FORKNUM,
+            block,
+            pg_sys::ReadBufferMode::RBM_NORMAL,
+            strategy,
+            permanent,
+        );
+        pg_sys::LockBuffer(buf, pg_sys::BUFFER_LOCK_SHARE as i32);
+        let out = f(PageRef::new(pg_sys::BufferGetPage(buf)));
+        pg_sys::UnlockReleaseBuffer(buf);
+        out
+    }
+}
+
+/// Copies page `p`, block `b` of an index in layout `l`, into `image`: a
+/// graph page's lists, or a vector page's flags and vectors (of the nodes
+/// the image has).
+fn copy_block(image: &mut FlatIndex, l: &Layout, b: u32, p: PageRef) {
+    let n = image.len();
+    let chunk = (b as usize - 1) / l.pages_per_chunk;
+    let page = (b as usize - 1) % l.pages_per_chunk;
+    let first = chunk * l.per_chunk;
+    let chunk_end = (first + l.per_chunk).min(n);
+    if page == 0 {
+        for node in first..chunk_end {
+            image.graph.adjacency[node * l.degree..(node + 1) * l.degree].copy_from_slice(p.list(l, node as u32));
+        }
+    } else {
+        let lo = first + (page - 1) * l.per_vector_page;
+        for node in lo..(lo + l.per_vector_page).min(chunk_end) {
+            let t = p.tuple(l, node as u32);
+            // the page's flags are the engine's node flags, widened
+            image.flags[node] = t.header.flags as u8;
+            t.vector.copy_to(&mut image.vectors[node * l.stored_dim..(node + 1) * l.stored_dim]);
+        }
+    }
+}
+
+/// The pinned outliers go into the entry point's list of the copy (its
+/// last places, when it is full): the GPU kernel expands the entry first,
+/// so every search computes their distances, as the engine's search does by
+/// seeding them (engine::outliers).
+fn pin_outliers(image: &mut FlatIndex, pinned: &[u32]) {
+    if let (Some(e), false) = (image.graph.entry, pinned.is_empty()) {
+        let d = image.graph.degree;
+        let list = &mut image.graph.adjacency[e as usize * d..(e as usize + 1) * d];
+        let missing: Vec<u32> = pinned.iter().copied().filter(|p| *p != e && !list.contains(p)).take(d / 2).collect();
+        let used = list.iter().position(|&u| u == NO_NODE).unwrap_or(d);
+        let at = used.min(d - missing.len());
+        list[at..at + missing.len()].copy_from_slice(&missing);
+    }
+}
+
+/// Brings a copy of the index in `key` up to date with the pages that
+/// changed (`blocks`, from the change log): the meta page first (the node
+/// count grows the copy; the entry point and pinned outliers), then each
+/// page once. The index's generation now, or None when the copy cannot
+/// follow (the index locked by DDL, gone, or no longer the copy's layout):
+/// it is then refreshed whole when a request needs it.
+///
+/// # Safety
+/// The worker's main thread, with a resource owner.
+pub unsafe fn patch(key: Key, file: File, image: &mut FlatIndex, blocks: &mut Vec<u32>) -> Option<u64> {
+    // SAFETY: the worker's main thread, with a resource owner (the caller's
+    // contract): session locks as a load takes them, then the file.
+    unsafe {
+        let db =
+            SessionLock::take(0, pg_sys::DatabaseRelationId.to_u32(), file.db, pg_sys::LockTagType::LOCKTAG_OBJECT)?;
+        let index = SessionLock::take(file.db, file.index, 0, pg_sys::LockTagType::LOCKTAG_RELATION)?;
+        let rnode = key.rnode();
+        let smgr = pg_sys::smgropen(rnode, pg_sys::InvalidBackendId);
+        let nblocks = if pg_sys::smgrexists(smgr, pg_sys::ForkNumber::MAIN_FORKNUM) {
+            pg_sys::smgrnblocks(smgr, pg_sys::ForkNumber::MAIN_FORKNUM)
+        } else {
+            0
+        };
+        let out = (nblocks > 0).then(|| patch_blocks(rnode, file.permanent, nblocks, image, blocks)).flatten();
+        close_files(rnode);
+        drop((index, db));
+        out
+    }
+}
+
+/// [`patch`] once the file is open and locked.
+///
+/// # Safety
+/// As for [`patch`], the file locked and `nblocks` long.
+unsafe fn patch_blocks(
+    rnode: pg_sys::RelFileNode,
+    permanent: bool,
+    nblocks: u32,
+    image: &mut FlatIndex,
+    blocks: &mut Vec<u32>,
+) -> Option<u64> {
+    let strategy = std::ptr::null_mut();
+    // SAFETY: the caller's contract; block 0 exists (nblocks > 0).
+    let m: Meta = unsafe { read_block(rnode, permanent, strategy, 0, |p| p.meta()) };
+    let l = m.layout();
+    if m.magic != MAGIC
+        || m.version != FORMAT_VERSION
+        || m.inconsistent()
+        || l.stored_dim != image.stored_dim
+        || l.degree != image.graph.degree
+    {
+        return None;
+    }
+    let n = m.node_count as usize;
+    if n < image.len() {
+        return None;
+    }
+    // new nodes start free, their pages read below (their writes were noted)
+    image.vectors.resize(n * l.stored_dim, 0.0);
+    image.flags.resize(n, gpu_graph_engine::node::FREE);
+    image.graph.adjacency.resize(n * l.degree, NO_NODE);
+    image.graph.entry = m.entry();
+    blocks.sort_unstable();
+    blocks.dedup();
+    for &b in blocks.iter().filter(|&&b| b > 0 && b < nblocks) {
+        // SAFETY: the caller's contract; the block exists.
+        unsafe { read_block(rnode, permanent, strategy, b, |p| copy_block(image, &l, b, p)) };
+    }
+    let pinned: Vec<u32> = m.pinned().collect();
+    pin_outliers(image, &pinned);
+    Some(m.generation)
 }
 
 impl Drop for Loader {

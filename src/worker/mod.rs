@@ -10,6 +10,7 @@
 //! - [`bgworker`]: the worker process (registration, main loop, exits)
 //! - [`residency`], [`image`]: the index copies (engine::flat::FlatIndex) and
 //!   reading them from pages
+//! - [`changes`]: the pages backends changed, which the copies follow
 //! - [`device`], [`gpu`]: what the worker searches with
 //! - [`outcome`]: how a scan's first round went, end to end
 //! - [`stats`]: counters, gpu_graph_worker_stats()
@@ -19,6 +20,7 @@
 //! as it would without it.
 
 mod bgworker;
+mod changes;
 mod client;
 mod device;
 mod gpu;
@@ -36,6 +38,16 @@ use pgrx::pg_sys;
 pub use client::first_round;
 pub use gpu_builds::GpuBuild;
 pub use stats::{index_info, SearchInfo};
+
+/// Index pages a backend changed (storage's Xlog): noted for the worker's
+/// copies.
+///
+/// # Safety
+/// `rel` must be an open relation.
+pub unsafe fn note_changes(rel: pg_sys::Relation, blocks: &[u32]) {
+    // SAFETY: the caller's contract.
+    unsafe { changes::note(rel, blocks) }
+}
 
 /// A scan the worker answered first goes on searching on the CPU.
 pub fn cpu_after_worker() {

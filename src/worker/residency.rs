@@ -5,8 +5,9 @@
 
 use pgrx::pg_sys;
 
+use super::changes::Change;
 use super::device::{Device, Handle};
-use super::image::{Begin, Key, Loader};
+use super::image::{patch, Begin, File, Key, Loader};
 use super::ring::Request;
 use super::shmem::Shared;
 use super::stats::{add, ResidentEntry};
@@ -17,6 +18,7 @@ const PAGES_PER_STEP: u32 = 256;
 
 pub struct Resident {
     key: Key,
+    file: File,
     generation: u64,
     pub handle: Handle,
     nodes: u32,
@@ -40,6 +42,9 @@ pub struct Residency {
     /// generations that did not fit: not tried again until the index changes
     unfit: Vec<(Key, u64)>,
     clock: u64,
+    /// the change log read up to here (None: not yet started)
+    applied: Option<u64>,
+    changes: Vec<Change>,
 }
 
 impl Residency {
@@ -94,6 +99,71 @@ impl Residency {
         self.loading = Some(l);
     }
 
+    /// Brings the copies up to date with the change log: called after a
+    /// batch of requests is taken and before any is answered, so each
+    /// answer holds every change committed before its request. Copies on
+    /// the CPU are patched in place; the others keep their generation and
+    /// are refreshed whole when a request asks for a newer one. After an
+    /// overflow every copy is marked out of date.
+    ///
+    /// # Safety
+    /// The worker's main thread, with a resource owner.
+    pub unsafe fn sync(&mut self, shared: &Shared) {
+        let log = &shared.changes;
+        let Some(from) = self.applied else {
+            // the worker's first look: its copies are all made from now on
+            self.applied = Some(log.head());
+            return;
+        };
+        self.changes.clear();
+        match log.read(from, &mut self.changes) {
+            Ok(next) => self.applied = Some(next),
+            Err(_) => {
+                self.applied = Some(log.head());
+                add(&shared.counters.log_overflows, 1);
+                for r in &mut self.residents {
+                    r.generation = 0;
+                }
+                if let Some(l) = self.loading.as_mut() {
+                    l.generation = 0;
+                }
+                self.publish(shared);
+                return;
+            }
+        }
+        if self.changes.is_empty() {
+            return;
+        }
+        let mut touched = false;
+        let mut blocks = Vec::new();
+        for r in &mut self.residents {
+            let Handle::Cpu(image) = &mut r.handle else { continue };
+            blocks.clear();
+            blocks.extend(self.changes.iter().filter(|c| c.key == r.key).map(|c| c.block));
+            if blocks.is_empty() {
+                continue;
+            }
+            // SAFETY: the worker's main thread (the caller's contract).
+            match unsafe { patch(r.key, r.file, image, &mut blocks) } {
+                Some(g) => {
+                    r.generation = g;
+                    r.nodes = image.len() as u32;
+                    r.bytes = image.bytes();
+                    add(&shared.counters.patches, 1);
+                    add(&shared.counters.patched_pages, blocks.len() as u64);
+                    touched = true;
+                }
+                None => r.generation = 0,
+            }
+        }
+        if let Some(l) = self.loading.as_mut() {
+            l.changed.extend(self.changes.iter().filter(|c| c.key == l.key).map(|c| c.block));
+        }
+        if touched {
+            self.publish(shared);
+        }
+    }
+
     /// Evicts least recently used copies until `bytes` more fit.
     fn make_room(&mut self, bytes: usize, limit: usize, device: &Device, shared: &Shared) {
         if limit == 0 {
@@ -117,9 +187,19 @@ impl Residency {
         if !unsafe { l.step(PAGES_PER_STEP) } {
             return Ok(true);
         }
-        let l = self.loading.take().unwrap();
-        let (key, generation, started) = (l.key, l.generation, l.started);
-        let image = l.take();
+        let mut l = self.loading.take().unwrap();
+        let (key, file, started, mut changed) = (l.key, l.file, l.started, std::mem::take(&mut l.changed));
+        let mut generation = l.generation;
+        let mut image = l.take();
+        if !changed.is_empty() && generation != 0 {
+            // pages written while it was read: read again, the generation
+            // then the meta page's now (else the start's: older, refreshed
+            // when a request asks for newer)
+            // SAFETY: the worker's main thread (the caller's contract).
+            if let Some(g) = unsafe { patch(key, file, &mut image, &mut changed) } {
+                generation = g;
+            }
+        }
         let nodes = image.len() as u32;
         match device.install(image) {
             Ok((handle, bytes)) => {
@@ -128,7 +208,16 @@ impl Residency {
                 self.clock += 1;
                 // SAFETY: reads the clock; any process may.
                 let loaded_at = unsafe { pg_sys::GetCurrentTimestamp() };
-                self.residents.push(Resident { key, generation, handle, nodes, bytes, loaded_at, used: self.clock });
+                self.residents.push(Resident {
+                    key,
+                    file,
+                    generation,
+                    handle,
+                    nodes,
+                    bytes,
+                    loaded_at,
+                    used: self.clock,
+                });
                 self.unfit.retain(|&(k, _)| k != key);
                 add(&shared.counters.loads, 1);
                 add(&shared.counters.load_us, started.elapsed().as_micros() as u64);

@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU32, AtomicU64, 
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 
+use super::changes::ChangeLog;
 use super::gpu_builds::GpuBuilders;
 use super::ring::Slot;
 use super::stats::{Counters, ResidentTable};
@@ -30,6 +31,8 @@ pub struct Shared {
     pub residents: ResidentTable,
     /// backends building an index on the GPU now (see `gpu_builds`)
     pub gpu_builders: GpuBuilders,
+    /// the index pages backends changed (see `changes`)
+    pub changes: ChangeLog,
 }
 
 pub const DEVICE_CPU: u32 = 1;

@@ -41,6 +41,11 @@ pub struct Counters {
     pub loads: AtomicU64,
     pub load_us: AtomicU64,
     pub evictions: AtomicU64,
+    /// copies brought up to date from the change log, the pages re-read
+    /// for it, and the times the log overflowed (copies then refreshed whole)
+    pub patches: AtomicU64,
+    pub patched_pages: AtomicU64,
+    pub log_overflows: AtomicU64,
 }
 
 impl Counters {
@@ -58,6 +63,9 @@ impl Counters {
             loads: AtomicU64::new(0),
             load_us: AtomicU64::new(0),
             evictions: AtomicU64::new(0),
+            patches: AtomicU64::new(0),
+            patched_pages: AtomicU64::new(0),
+            log_overflows: AtomicU64::new(0),
         }
     }
 }
@@ -237,6 +245,11 @@ struct Residency {
     loads: u64,
     mean_load_ms: Option<f64>,
     evictions: u64,
+    /// copies brought up to date from the change log (pages re-read), and
+    /// the log's overflows (copies refreshed whole)
+    patches: u64,
+    patched_pages: u64,
+    log_overflows: u64,
     indexes: Vec<ResidentJson>,
 }
 
@@ -280,6 +293,9 @@ fn gpu_graph_worker_stats() -> JsonB {
             loads,
             mean_load_ms: mean(get(&c.load_us), loads * 1000),
             evictions: get(&c.evictions),
+            patches: get(&c.patches),
+            patched_pages: get(&c.patched_pages),
+            log_overflows: get(&c.log_overflows),
             indexes: shared()
                 .map(|s| s.residents.read().iter().filter(|e| visible(e.db_node)).map(ResidentJson::of).collect())
                 .unwrap_or_default(),

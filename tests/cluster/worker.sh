@@ -16,7 +16,9 @@
 #      and made to fail: no client error, every answer ordered by its true
 #      distance
 #   7. INSERT, DELETE and VACUUM under pgbench with searches through the
-#      worker: new rows found, the index holds exactly the table's rows
+#      worker: its copy follows the change log (>= 95% of the scans served
+#      by it, none out of date), a row is found through it right after its
+#      commit, new rows found, the index holds exactly the table's rows
 #   8. gpu_graph.gpu_memory_limit: least recently used copies evicted, an
 #      index larger than the limit searched on the CPU
 #   9. DROP DATABASE with a resident copy does not wait on the worker; the
@@ -206,18 +208,23 @@ grep -E "number of (transactions actually processed|failed)" "$work/pgbench.log"
 echo "  scans served by the worker meanwhile: $(($(stat scans,worker) - before)); fallbacks: $(stat fallbacks)"
 
 echo "7. INSERT, DELETE and VACUUM while searching through the worker"
+# coordinates in 1/1024ths, which f16 (the index's default storage) holds
+# exactly: the scan ranks by the stored values, so the order it hands out
+# is then exactly the order of `v <-> q` over the table's values, which
+# the check asserts (with random() values, two rows within f16 rounding of
+# each other may come out swapped: ranked by their stored f16 values)
 q <<'SQL'
 SET client_min_messages = warning;
+CREATE FUNCTION r() RETURNS real LANGUAGE sql AS $$ SELECT (floor(random() * 1024) / 1024)::real $$;
 CREATE TABLE items (id bigint, v real[]);
-INSERT INTO items SELECT i, ARRAY[random(), random(), random(), random(), random(), random(), random(), random()]::real[]
-  FROM generate_series(1, 3000) i;
+INSERT INTO items SELECT i, ARRAY[r(), r(), r(), r(), r(), r(), r(), r()] FROM generate_series(1, 3000) i;
 CREATE INDEX items_idx ON items USING gpu_graph (v) WITH (degree = 16);
 -- the test's VACUUMs only: a copy current at the end stays current
 ALTER TABLE items SET (autovacuum_enabled = off);
 CREATE SEQUENCE ids START 1000000;
 SQL
 cat >"$work/insert.sql" <<'SQL'
-INSERT INTO items SELECT nextval('ids'), ARRAY[random(), random(), random(), random(), random(), random(), random(), random()]::real[] FROM generate_series(1, 5);
+INSERT INTO items SELECT nextval('ids'), ARRAY[r(), r(), r(), r(), r(), r(), r(), r()] FROM generate_series(1, 5);
 SQL
 cat >"$work/items.sql" <<'SQL'
 SET enable_seqscan = off;
@@ -230,14 +237,37 @@ SQL
 cat >"$work/delete.sql" <<'SQL'
 DELETE FROM items WHERE id = (random() * 3000)::int;
 SQL
+# the first scan makes the copy; from then on the worker follows the
+# change log and serves every scan, however the table is written
+current items_idx items
 before=$(stat scans,worker)
+stale=$(stat fallbacks,stale)
+patched=$(stat residency,patched_pages)
 pgbench -n -T 10 -c 6 -j 2 -f "$work/insert.sql@2" -f "$work/items.sql@6" -f "$work/delete.sql@1" postgres \
   >"$work/pgbench2.log" 2>&1 &
 bench=$!
 for _ in 1 2 3; do sleep 3; q -c "VACUUM items"; done
 wait $bench || { cat "$work/pgbench2.log"; fail "pgbench reported an error"; }
 grep -E "number of (transactions actually processed|failed)" "$work/pgbench2.log" | sed 's/^/  /'
-echo "  scans served by the worker meanwhile: $(($(stat scans,worker) - before)); stale fallbacks so far: $(stat fallbacks,stale)"
+served=$(($(stat scans,worker) - before))
+stale=$(($(stat fallbacks,stale) - stale))
+echo "  scans served by the worker meanwhile: $served; out of date (searched on the CPU): $stale; pages patched into its copy: $(($(stat residency,patched_pages) - patched)); log overflows: $(stat residency,log_overflows)"
+[ $((served * 100)) -ge $(((served + stale) * 95)) ] || fail "the worker served $served scans, $stale went to the CPU as out of date"
+
+# freshness: a row committed before a scan starts is found through the
+# worker at once (no wait for a new copy), 100 times in a row
+for i in $(seq 1 100); do
+  vec="ARRAY[$((i % 1024)) / 1024.0, $((i * 7 % 1024)) / 1024.0, $((i * 13 % 1024)) / 1024.0, $((i * 31 % 1024)) / 1024.0, 5 / 1024.0, 17 / 1024.0, $((i * 3 % 1024)) / 1024.0, 511 / 1024.0]::real[]"
+  echo "INSERT INTO items VALUES ($((2000000 + i)), $vec);"
+  echo "SELECT id = $((2000000 + i)) FROM items ORDER BY v <-> $vec LIMIT 1;"
+done >"$work/fresh.sql"
+before=$(stat scans,worker)
+stale=$(stat fallbacks,stale)
+found=$(q -c "$GPU" -f "$work/fresh.sql" | grep -c '^t$' || true)
+served=$(($(stat scans,worker) - before))
+stale=$(($(stat fallbacks,stale) - stale))
+echo "  rows found through the worker right after their commit: $found/100 ($served served by it, $stale out of date)"
+[ "$found" = 100 ] && [ "$served" = 100 ] || fail "fresh rows: $found/100 found, $served/100 served by the worker"
 q -c "VACUUM items"
 rows=$(q -c "SELECT count(*) FROM items")
 live=$(q -c "SELECT (gpu_graph_info('items_idx')->'nodes'->>'live')::int")

@@ -1,0 +1,181 @@
+//! The change log: every page of a gpu_graph index that a backend changes
+//! (through `storage::buffer::Xlog`, the one way index pages are written
+//! after the build) is noted here, in a ring in shared memory, before the
+//! page's buffer lock is released and so before the change can commit. The
+//! worker reads the ring after it has taken a batch of requests and re-reads
+//! the noted pages of the indexes it holds into their copies, so a copy
+//! answers with every change committed before the request was submitted.
+//!
+//! A ring, not a queue: writers never wait for the worker. A reader that
+//! falls more than [`CAPACITY`] entries behind has lost changes: it refreshes
+//! its copies whole ([`Overflow`]), never answers from one that missed a
+//! change.
+//!
+//! Each entry carries a stamp, its sequence number + 1, stored last (a
+//! seqlock): a reader takes an entry only when the stamp says it is whole
+//! and still the one it wants.
+
+use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use pgrx::pg_sys;
+
+use super::image::Key;
+use super::shmem::shared;
+
+/// Entries the ring holds: 24 bytes each, 1.5 MB of shared memory. Larger
+/// bursts (a VACUUM rewriting many lists, a bulk insert) between two
+/// requests refresh the copies whole.
+pub const CAPACITY: usize = 1 << 16;
+
+#[repr(C)]
+pub struct ChangeLog {
+    /// entries ever noted (the next one's sequence number)
+    head: AtomicU64,
+    entries: [Entry; CAPACITY],
+}
+
+#[repr(C)]
+struct Entry {
+    /// 0: being written; else the sequence number + 1 of what it holds
+    stamp: AtomicU64,
+    spc: AtomicU32,
+    db: AtomicU32,
+    rel: AtomicU32,
+    block: AtomicU32,
+}
+
+/// A reader fell more than [`CAPACITY`] entries behind.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Overflow;
+
+/// A page changed: the index's file and the block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Change {
+    pub key: Key,
+    pub block: u32,
+}
+
+/// How long a reader waits for an entry a writer has claimed but not yet
+/// stamped (a few stores; only a descheduled writer takes longer) before it
+/// gives up on the ring as on an overflow.
+const CLAIMED_WAIT: Duration = Duration::from_millis(100);
+
+impl ChangeLog {
+    fn note(&self, c: Change) {
+        let seq = self.head.fetch_add(1, Ordering::AcqRel);
+        let e = &self.entries[(seq % CAPACITY as u64) as usize];
+        e.stamp.store(0, Ordering::Relaxed);
+        fence(Ordering::Release);
+        e.spc.store(c.key.spc, Ordering::Relaxed);
+        e.db.store(c.key.db, Ordering::Relaxed);
+        e.rel.store(c.key.rel, Ordering::Relaxed);
+        e.block.store(c.block, Ordering::Relaxed);
+        e.stamp.store(seq + 1, Ordering::Release);
+    }
+
+    /// The next entry's sequence number: where a reader starting now begins.
+    pub fn head(&self) -> u64 {
+        self.head.load(Ordering::Acquire)
+    }
+
+    /// Appends the changes from sequence number `from` on to `out`; the
+    /// sequence number to read from next time.
+    pub fn read(&self, from: u64, out: &mut Vec<Change>) -> Result<u64, Overflow> {
+        let head = self.head();
+        if head.saturating_sub(from) > CAPACITY as u64 {
+            return Err(Overflow);
+        }
+        for seq in from..head {
+            let e = &self.entries[(seq % CAPACITY as u64) as usize];
+            let since = Instant::now();
+            loop {
+                let s = e.stamp.load(Ordering::Acquire);
+                if s == seq + 1 {
+                    break;
+                }
+                if s > seq + 1 {
+                    // a later lap's: this one is gone
+                    return Err(Overflow);
+                }
+                // 0 or an earlier lap's: claimed by a writer that has not
+                // stamped it yet
+                if since.elapsed() > CLAIMED_WAIT {
+                    return Err(Overflow);
+                }
+                std::thread::yield_now();
+            }
+            let key = Key {
+                spc: e.spc.load(Ordering::Relaxed),
+                db: e.db.load(Ordering::Relaxed),
+                rel: e.rel.load(Ordering::Relaxed),
+            };
+            let block = e.block.load(Ordering::Relaxed);
+            fence(Ordering::Acquire);
+            if e.stamp.load(Ordering::Relaxed) != seq + 1 {
+                return Err(Overflow);
+            }
+            out.push(Change { key, block });
+        }
+        Ok(head)
+    }
+}
+
+/// Notes that `blocks` of `rel` changed (a backend's Xlog, before it lets
+/// go of the buffers). Nothing when gpu_graph is not preloaded (no worker).
+///
+/// # Safety
+/// `rel` must be an open relation.
+pub unsafe fn note(rel: pg_sys::Relation, blocks: &[u32]) {
+    let Some(s) = shared() else { return };
+    // SAFETY: an open relation's rd_node (the caller's contract).
+    let n = unsafe { (*rel).rd_node };
+    let key = Key { spc: n.spcNode.to_u32(), db: n.dbNode.to_u32(), rel: n.relNode.to_u32() };
+    for &block in blocks {
+        s.changes.note(Change { key, block });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn log() -> Box<ChangeLog> {
+        // all zero, as shared memory starts
+        // SAFETY: every field is an atomic integer, for which zero is valid.
+        unsafe { Box::new_zeroed().assume_init() }
+    }
+
+    fn change(rel: u32, block: u32) -> Change {
+        Change { key: Key { spc: 1, db: 2, rel }, block }
+    }
+
+    #[test]
+    fn a_reader_gets_every_change_once_in_order() {
+        let l = log();
+        let mut out = Vec::new();
+        assert_eq!(l.read(0, &mut out), Ok(0));
+        l.note(change(5, 1));
+        l.note(change(6, 0));
+        let next = l.read(0, &mut out).unwrap();
+        assert_eq!((next, out.clone()), (2, vec![change(5, 1), change(6, 0)]));
+        out.clear();
+        l.note(change(5, 9));
+        assert_eq!(l.read(next, &mut out), Ok(3));
+        assert_eq!(out, vec![change(5, 9)]);
+    }
+
+    #[test]
+    fn a_reader_lapped_by_the_writers_is_told() {
+        let l = log();
+        for b in 0..=CAPACITY as u32 {
+            l.note(change(5, b));
+        }
+        let mut out = Vec::new();
+        assert_eq!(l.read(0, &mut out), Err(Overflow));
+        // one lap behind exactly still reads
+        assert_eq!(l.read(1, &mut out), Ok(CAPACITY as u64 + 1));
+        assert_eq!(out.len(), CAPACITY);
+        assert_eq!(out[0], change(5, 1));
+    }
+}

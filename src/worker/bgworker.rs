@@ -285,7 +285,7 @@ impl Worker {
         }
         if !taken.is_empty() {
             // SAFETY: the worker's main thread, as in `serve`.
-            unsafe { self.residency.sync(self.shared) };
+            unsafe { self.residency.sync(&self.device, self.shared)? };
         }
         let took = !taken.is_empty();
         for &(i, seq) in &taken {

@@ -4,7 +4,7 @@
 
 use gpu_graph_engine::flat::FlatIndex;
 use gpu_graph_engine::metric::Metric;
-use gpu_graph_gpu::search::{ResidentId, SearchError, SearchServer, ServerConfig, Ticket};
+use gpu_graph_gpu::search::{Patch, ResidentId, SearchError, SearchServer, ServerConfig, Ticket};
 use gpu_graph_gpu::{Gpu, GpuError};
 
 use super::device::Hits;
@@ -74,6 +74,17 @@ impl GpuSearch {
         // queries against it fail from now on; an error here leaves device
         // memory behind, which the next health check reports
         let _ = self.server.unload(r.id);
+    }
+
+    /// (stored dimension, degree, nodes) of a resident copy.
+    pub fn dims(&self, r: &GpuResident) -> Option<(usize, usize, usize)> {
+        self.server.resident_info(r.id).map(|i| (i.stored_dim, i.degree, i.n))
+    }
+
+    /// Brings a copy up to date in place; false when it must be loaded
+    /// again (full, or no longer exact in fp16), Err when the patch failed.
+    pub fn patch(&self, r: &GpuResident, p: &Patch) -> Result<bool, Outcome> {
+        self.server.patch(r.id, p).map_err(outcome)
     }
 
     pub fn submit(&self, r: &GpuResident, query: &[f32], k: usize, ef: usize) -> Result<GpuPending, Outcome> {

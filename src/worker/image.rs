@@ -274,15 +274,11 @@ impl Loader {
         n == 0 || self.next > self.last
     }
 
-    /// The finished copy (the lock is released when the loader drops).
-    ///
-    /// The pinned outliers go into the entry point's list of the copy (its
-    /// last places, when it is full): the GPU kernel expands the entry
-    /// first, so every search computes their distances, as the engine's
-    /// search does by seeding them (engine::outliers).
+    /// The finished copy (the lock is released when the loader drops),
+    /// the pinned outliers in its entry's list.
     pub fn take(mut self) -> FlatIndex {
         let mut image = self.image.take().expect("a started load has an image");
-        pin_outliers(&mut image, &self.pinned);
+        image.pin(&self.pinned);
         image
     }
 }
@@ -318,43 +314,141 @@ unsafe fn read_block<T>(
     }
 }
 
-/// Copies page `p`, block `b` of an index in layout `l`, into `image`: a
+/// Where an index's pages are copied: a whole copy in memory
+/// ([`FlatIndex`]), or the changes for a copy on the GPU ([`GpuPatch`]).
+pub trait Target {
+    fn stored_dim(&self) -> usize;
+    fn degree(&self) -> usize;
+    fn len(&self) -> usize;
+    /// The index now has `n` nodes (never fewer) and this entry point.
+    fn grow(&mut self, n: usize, entry: Option<u32>);
+    fn list(&mut self, node: usize, list: &[u32]);
+    /// Sets a node's flags; where its stored vector goes.
+    fn row(&mut self, node: usize, flags: u8) -> &mut [f32];
+    /// Inner product's pinned outliers, which the entry's list leads to.
+    fn pin(&mut self, pinned: &[u32]);
+}
+
+impl Target for FlatIndex {
+    fn stored_dim(&self) -> usize {
+        self.stored_dim
+    }
+    fn degree(&self) -> usize {
+        self.graph.degree
+    }
+    fn len(&self) -> usize {
+        FlatIndex::len(self)
+    }
+    fn grow(&mut self, n: usize, entry: Option<u32>) {
+        // new nodes start free; their pages are read next (their writes were noted)
+        self.vectors.resize(n * self.stored_dim, 0.0);
+        self.flags.resize(n, gpu_graph_engine::node::FREE);
+        self.graph.adjacency.resize(n * self.graph.degree, NO_NODE);
+        self.graph.entry = entry;
+    }
+    fn list(&mut self, node: usize, list: &[u32]) {
+        let d = self.graph.degree;
+        self.graph.adjacency[node * d..(node + 1) * d].copy_from_slice(list);
+    }
+    fn row(&mut self, node: usize, flags: u8) -> &mut [f32] {
+        self.flags[node] = flags;
+        &mut self.vectors[node * self.stored_dim..(node + 1) * self.stored_dim]
+    }
+    fn pin(&mut self, pinned: &[u32]) {
+        if let (Some(e), false) = (self.graph.entry, pinned.is_empty()) {
+            let d = self.graph.degree;
+            pin_outliers(e, &mut self.graph.adjacency[e as usize * d..(e as usize + 1) * d], pinned);
+        }
+    }
+}
+
+/// The changes for a copy on the GPU, in runs of consecutive nodes.
+pub struct GpuPatch {
+    pub stored_dim: usize,
+    pub degree: usize,
+    pub patch: gpu_graph_gpu::search::Patch,
+}
+
+impl Target for GpuPatch {
+    fn stored_dim(&self) -> usize {
+        self.stored_dim
+    }
+    fn degree(&self) -> usize {
+        self.degree
+    }
+    fn len(&self) -> usize {
+        self.patch.n
+    }
+    fn grow(&mut self, n: usize, entry: Option<u32>) {
+        self.patch.n = n;
+        self.patch.entry = entry.unwrap_or(0);
+    }
+    fn list(&mut self, node: usize, list: &[u32]) {
+        match self.patch.lists.last_mut() {
+            Some((first, l)) if *first as usize + l.len() / self.degree == node => l.extend_from_slice(list),
+            _ => self.patch.lists.push((node as u32, list.to_vec())),
+        }
+    }
+    fn row(&mut self, node: usize, flags: u8) -> &mut [f32] {
+        let sd = self.stored_dim;
+        if !matches!(self.patch.rows.last(), Some(r) if r.0 as usize + r.1.len() == node) {
+            self.patch.rows.push((node as u32, Vec::new(), Vec::new()));
+        }
+        let run = self.patch.rows.last_mut().expect("a run ends at this node");
+        run.1.push(flags);
+        run.2.resize(run.2.len() + sd, 0.0);
+        let at = run.2.len() - sd;
+        &mut run.2[at..]
+    }
+    fn pin(&mut self, pinned: &[u32]) {
+        if pinned.is_empty() {
+            return;
+        }
+        // the entry's list, when this patch carries it
+        let (e, d) = (self.patch.entry as usize, self.degree);
+        for (first, l) in &mut self.patch.lists {
+            let first = *first as usize;
+            if (first..first + l.len() / d).contains(&e) {
+                let at = (e - first) * d;
+                pin_outliers(e as u32, &mut l[at..at + d], pinned);
+            }
+        }
+    }
+}
+
+/// Copies page `p`, block `b` of an index in layout `l`, into `target`: a
 /// graph page's lists, or a vector page's flags and vectors (of the nodes
-/// the image has).
-fn copy_block(image: &mut FlatIndex, l: &Layout, b: u32, p: PageRef) {
-    let n = image.len();
+/// the target has).
+fn copy_block(target: &mut dyn Target, l: &Layout, b: u32, p: PageRef) {
+    let n = target.len();
     let chunk = (b as usize - 1) / l.pages_per_chunk;
     let page = (b as usize - 1) % l.pages_per_chunk;
     let first = chunk * l.per_chunk;
     let chunk_end = (first + l.per_chunk).min(n);
     if page == 0 {
         for node in first..chunk_end {
-            image.graph.adjacency[node * l.degree..(node + 1) * l.degree].copy_from_slice(p.list(l, node as u32));
+            target.list(node, p.list(l, node as u32));
         }
     } else {
         let lo = first + (page - 1) * l.per_vector_page;
         for node in lo..(lo + l.per_vector_page).min(chunk_end) {
             let t = p.tuple(l, node as u32);
             // the page's flags are the engine's node flags, widened
-            image.flags[node] = t.header.flags as u8;
-            t.vector.copy_to(&mut image.vectors[node * l.stored_dim..(node + 1) * l.stored_dim]);
+            t.vector.copy_to(target.row(node, t.header.flags as u8));
         }
     }
 }
 
-/// The pinned outliers go into the entry point's list of the copy (its
-/// last places, when it is full): the GPU kernel expands the entry first,
-/// so every search computes their distances, as the engine's search does by
+/// The pinned outliers go into the entry point `e`'s `list` (its last
+/// places, when it is full): the GPU kernel expands the entry first, so
+/// every search computes their distances, as the engine's search does by
 /// seeding them (engine::outliers).
-fn pin_outliers(image: &mut FlatIndex, pinned: &[u32]) {
-    if let (Some(e), false) = (image.graph.entry, pinned.is_empty()) {
-        let d = image.graph.degree;
-        let list = &mut image.graph.adjacency[e as usize * d..(e as usize + 1) * d];
-        let missing: Vec<u32> = pinned.iter().copied().filter(|p| *p != e && !list.contains(p)).take(d / 2).collect();
-        let used = list.iter().position(|&u| u == NO_NODE).unwrap_or(d);
-        let at = used.min(d - missing.len());
-        list[at..at + missing.len()].copy_from_slice(&missing);
-    }
+fn pin_outliers(e: u32, list: &mut [u32], pinned: &[u32]) {
+    let d = list.len();
+    let missing: Vec<u32> = pinned.iter().copied().filter(|p| *p != e && !list.contains(p)).take(d / 2).collect();
+    let used = list.iter().position(|&u| u == NO_NODE).unwrap_or(d);
+    let at = used.min(d - missing.len());
+    list[at..at + missing.len()].copy_from_slice(&missing);
 }
 
 /// Brings a copy of the index in `key` up to date with the pages that
@@ -366,7 +460,7 @@ fn pin_outliers(image: &mut FlatIndex, pinned: &[u32]) {
 ///
 /// # Safety
 /// The worker's main thread, with a resource owner.
-pub unsafe fn patch(key: Key, file: File, image: &mut FlatIndex, blocks: &mut Vec<u32>) -> Option<u64> {
+pub unsafe fn patch(key: Key, file: File, target: &mut dyn Target, blocks: &mut Vec<u32>) -> Option<u64> {
     // SAFETY: the worker's main thread, with a resource owner (the caller's
     // contract): session locks as a load takes them, then the file.
     unsafe {
@@ -380,7 +474,7 @@ pub unsafe fn patch(key: Key, file: File, image: &mut FlatIndex, blocks: &mut Ve
         } else {
             0
         };
-        let out = (nblocks > 0).then(|| patch_blocks(rnode, file.permanent, nblocks, image, blocks)).flatten();
+        let out = (nblocks > 0).then(|| patch_blocks(rnode, file.permanent, nblocks, target, blocks)).flatten();
         close_files(rnode);
         drop((index, db));
         out
@@ -395,7 +489,7 @@ unsafe fn patch_blocks(
     rnode: pg_sys::RelFileNode,
     permanent: bool,
     nblocks: u32,
-    image: &mut FlatIndex,
+    target: &mut dyn Target,
     blocks: &mut Vec<u32>,
 ) -> Option<u64> {
     let strategy = std::ptr::null_mut();
@@ -405,41 +499,20 @@ unsafe fn patch_blocks(
     if m.magic != MAGIC
         || m.version != FORMAT_VERSION
         || m.inconsistent()
-        || l.stored_dim != image.stored_dim
-        || l.degree != image.graph.degree
+        || l.stored_dim != target.stored_dim()
+        || l.degree != target.degree()
+        || (m.node_count as usize) < target.len()
     {
         return None;
     }
-    let n = m.node_count as usize;
-    if n < image.len() {
-        return None;
-    }
-    // new nodes start free, their pages read below (their writes were noted)
-    image.vectors.resize(n * l.stored_dim, 0.0);
-    image.flags.resize(n, gpu_graph_engine::node::FREE);
-    image.graph.adjacency.resize(n * l.degree, NO_NODE);
-    image.graph.entry = m.entry();
+    target.grow(m.node_count as usize, m.entry());
     blocks.sort_unstable();
     blocks.dedup();
     for &b in blocks.iter().filter(|&&b| b > 0 && b < nblocks) {
         // SAFETY: the caller's contract; the block exists.
-        unsafe { read_block(rnode, permanent, strategy, b, |p| copy_block(image, &l, b, p)) };
+        unsafe { read_block(rnode, permanent, strategy, b, |p| copy_block(target, &l, b, p)) };
     }
     let pinned: Vec<u32> = m.pinned().collect();
-    pin_outliers(image, &pinned);
+    target.pin(&pinned);
     Some(m.generation)
-}
-
-impl Drop for Loader {
-    fn drop(&mut self) {
-        // after an ERROR the worker exits, which frees all of this
-        if !std::thread::panicking() {
-            // SAFETY: the loader lives on the worker's main thread, and the
-            // strategy is its own, freed once.
-            unsafe {
-                close_files(self.rnode);
-                pg_sys::FreeAccessStrategy(self.strategy);
-            }
-        }
-    }
 }

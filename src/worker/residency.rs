@@ -7,7 +7,10 @@ use pgrx::pg_sys;
 
 use super::changes::Change;
 use super::device::{Device, Handle};
-use super::image::{patch, Begin, File, Key, Loader};
+use gpu_graph_gpu::search::Patch;
+
+use super::image::{patch, Begin, File, GpuPatch, Key, Loader};
+use super::outcome::Outcome;
 use super::ring::Request;
 use super::shmem::Shared;
 use super::stats::{add, ResidentEntry};
@@ -108,12 +111,12 @@ impl Residency {
     ///
     /// # Safety
     /// The worker's main thread, with a resource owner.
-    pub unsafe fn sync(&mut self, shared: &Shared) {
+    pub unsafe fn sync(&mut self, device: &Device, shared: &Shared) -> Result<(), String> {
         let log = &shared.changes;
         let Some(from) = self.applied else {
             // the worker's first look: its copies are all made from now on
             self.applied = Some(log.head());
-            return;
+            return Ok(());
         };
         self.changes.clear();
         match log.read(from, &mut self.changes) {
@@ -128,31 +131,30 @@ impl Residency {
                     l.generation = 0;
                 }
                 self.publish(shared);
-                return;
+                return Ok(());
             }
         }
         if self.changes.is_empty() {
-            return;
+            return Ok(());
         }
         let mut touched = false;
         let mut blocks = Vec::new();
         for r in &mut self.residents {
-            let Handle::Cpu(image) = &mut r.handle else { continue };
             blocks.clear();
             blocks.extend(self.changes.iter().filter(|c| c.key == r.key).map(|c| c.block));
             if blocks.is_empty() {
                 continue;
             }
             // SAFETY: the worker's main thread (the caller's contract).
-            match unsafe { patch(r.key, r.file, image, &mut blocks) } {
+            let patched = unsafe { follow(r, device, &mut blocks) }?;
+            match patched {
                 Some(g) => {
                     r.generation = g;
-                    r.nodes = image.len() as u32;
-                    r.bytes = image.bytes();
                     add(&shared.counters.patches, 1);
                     add(&shared.counters.patched_pages, blocks.len() as u64);
                     touched = true;
                 }
+                // refreshed whole when a request asks for a newer one
                 None => r.generation = 0,
             }
         }
@@ -162,6 +164,7 @@ impl Residency {
         if touched {
             self.publish(shared);
         }
+        Ok(())
     }
 
     /// Evicts least recently used copies until `bytes` more fit.
@@ -293,5 +296,46 @@ impl Residency {
             device.remove(r.handle);
         }
         self.publish(shared);
+    }
+}
+
+/// Re-reads the changed `blocks` of `r`'s index into its copy: in place in
+/// memory, or as a patch of the GPU's copy. The index's generation now, or
+/// None when the copy cannot follow (see `image::patch`; a GPU copy that is
+/// full or no longer exact in fp16): it is then refreshed whole when a
+/// request needs it. Err when the device failed for good.
+///
+/// # Safety
+/// The worker's main thread, with a resource owner.
+unsafe fn follow(r: &mut Resident, device: &Device, blocks: &mut Vec<u32>) -> Result<Option<u64>, String> {
+    match (&mut r.handle, device) {
+        (Handle::Cpu(image), _) => {
+            // SAFETY: the caller's contract.
+            let g = unsafe { patch(r.key, r.file, image, blocks) };
+            r.nodes = image.len() as u32;
+            r.bytes = image.bytes();
+            Ok(g)
+        }
+        (Handle::Gpu(g), Device::Gpu(gpu)) => {
+            let Some((stored_dim, degree, n)) = gpu.dims(g) else { return Ok(None) };
+            let mut t = GpuPatch { stored_dim, degree, patch: Patch { n, ..Patch::default() } };
+            // SAFETY: the caller's contract.
+            let Some(generation) = (unsafe { patch(r.key, r.file, &mut t, blocks) }) else { return Ok(None) };
+            match gpu.patch(g, &t.patch) {
+                Ok(true) => {
+                    r.nodes = t.patch.n as u32;
+                    Ok(Some(generation))
+                }
+                Ok(false) => Ok(None),
+                Err(o) => {
+                    if o == Outcome::Error {
+                        device.check()?;
+                    }
+                    Ok(None)
+                }
+            }
+        }
+        // an empty index's first rows: copied whole
+        _ => Ok(None),
     }
 }

@@ -3,7 +3,7 @@
 //! queries run.
 
 use std::mem::size_of;
-use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -74,29 +74,72 @@ fn f16_exact(x: f32) -> Option<half::f16> {
 pub(crate) struct Resident {
     pub table: u32,
     pub gen: u32,
-    pub n: usize,
+    /// nodes now (grows by [`Registry::patch`] up to `capacity`)
+    pub n: AtomicUsize,
+    pub capacity: usize,
+    pub entry: AtomicU32,
     pub dim: usize,
     pub degree: usize,
     pub ip: bool,
     pub fmt: RowFormat,
     pub bytes: usize,
-    /// The host's copy of the node flags: answers are filtered by it, so a
-    /// node is never returned once `update_flags` returned.
+    /// The host's copy of the node flags (`capacity` of them): answers are
+    /// filtered by it, so a node is never returned once `update_flags`
+    /// returned.
     pub flags: Vec<AtomicU8>,
     // the device copy, freed when the last Arc goes (after unload)
-    _vectors: CudaSlice<u8>,
-    _adjacency: CudaSlice<u32>,
+    vectors: CudaSlice<u8>,
+    adjacency: CudaSlice<u32>,
     d_flags: CudaSlice<u8>,
+    metric: u32,
 }
 
 impl Resident {
+    pub fn n(&self) -> usize {
+        self.n.load(Ordering::Acquire)
+    }
     pub fn info(&self) -> ResidentInfo {
-        ResidentInfo { n: self.n, stored_dim: self.dim, degree: self.degree, half: self.fmt.half, bytes: self.bytes }
+        ResidentInfo { n: self.n(), stored_dim: self.dim, degree: self.degree, half: self.fmt.half, bytes: self.bytes }
     }
     /// Whether `node` may be returned now.
     pub fn is_result(&self, node: u32) -> bool {
-        (node as usize) < self.n && node::is_result(self.flags[node as usize].load(Ordering::Relaxed))
+        (node as usize) < self.n() && node::is_result(self.flags[node as usize].load(Ordering::Relaxed))
     }
+    fn desc(&self) -> IndexDesc {
+        IndexDesc {
+            vectors: device_addr(&self.vectors),
+            adjacency: device_addr(&self.adjacency),
+            flags: device_addr(&self.d_flags),
+            n: self.n() as u32,
+            degree: self.degree as u32,
+            entry: self.entry.load(Ordering::Acquire),
+            chunks: self.fmt.chunks as u32,
+            half: self.fmt.half as u32,
+            metric: self.metric,
+            lanes: self.fmt.lanes,
+            gen: self.gen,
+            ..IndexDesc::default()
+        }
+    }
+}
+
+/// Changed nodes of a resident index (the search worker's copy following
+/// its index's pages): vectors with their flags, and lists, each a run of
+/// consecutive nodes; the node count and entry point now.
+#[derive(Clone, Debug, Default)]
+pub struct Patch {
+    pub n: usize,
+    pub entry: u32,
+    /// (first node, flags of the run, its stored vectors)
+    pub rows: Vec<(u32, Vec<u8>, Vec<f32>)>,
+    /// (first node, the run's lists, degree ids each)
+    pub lists: Vec<(u32, Vec<u32>)>,
+}
+
+/// Rows a resident index is given room to grow by beyond its nodes at load
+/// (an eighth, at least 1024): inserts patch it in place until it is full.
+pub fn capacity_for(n: usize) -> usize {
+    n + (n / 8).max(1024)
 }
 
 enum Entry {
@@ -210,45 +253,43 @@ impl Registry {
         rows: &[u8],
     ) -> Result<Resident, GpuError> {
         let mgmt = self.mgmt.lock();
-        let bytes = rows.len() + ix.graph.adjacency.len() * 4 + n;
+        let capacity = capacity_for(n);
+        let degree = ix.graph.degree;
+        let bytes = capacity * (fmt.row_bytes() + degree * 4 + 1);
         let (free, _) = mgmt.context().mem_get_info().map_err(|e| cuda("cuMemGetInfo", e))?;
         if bytes + (256 << 20) > free {
             return Err(GpuError::OutOfMemory { needed: bytes, free, what: "a resident index".into() });
         }
         let up = |what: &str, e| cuda(&format!("uploading {what}"), e);
-        let vectors = mgmt.clone_htod(rows).map_err(|e| up("the vectors", e))?;
-        let adjacency = mgmt.clone_htod(&ix.graph.adjacency).map_err(|e| up("the graph", e))?;
-        let d_flags = mgmt.clone_htod(&ix.flags).map_err(|e| up("the flags", e))?;
+        let mut vectors = zeroed::<u8>(&mgmt, capacity * fmt.row_bytes(), "the vectors")?;
+        let mut adjacency = zeroed::<u32>(&mgmt, capacity * degree, "the graph")?;
+        let mut d_flags = zeroed::<u8>(&mgmt, capacity, "the flags")?;
+        mgmt.memcpy_htod(rows, &mut vectors.slice_mut(..rows.len())).map_err(|e| up("the vectors", e))?;
+        mgmt.memcpy_htod(&ix.graph.adjacency, &mut adjacency.slice_mut(..n * degree))
+            .map_err(|e| up("the graph", e))?;
+        mgmt.memcpy_htod(&ix.flags, &mut d_flags.slice_mut(..n)).map_err(|e| up("the flags", e))?;
         let gen = self.next_gen.fetch_add(1, Ordering::Relaxed).max(1);
-        let desc = IndexDesc {
-            vectors: device_addr(&vectors),
-            adjacency: device_addr(&adjacency),
-            flags: device_addr(&d_flags),
-            n: n as u32,
-            degree: ix.graph.degree as u32,
-            entry: ix.graph.entry.unwrap_or(0),
-            chunks: fmt.chunks as u32,
-            half: fmt.half as u32,
-            metric: if ix.metric == Metric::InnerProduct { abi::METRIC_IP } else { abi::METRIC_L2 },
-            lanes: fmt.lanes,
-            gen,
-            ..IndexDesc::default()
-        };
-        self.write_desc(&mgmt, table, &desc)?;
-        Ok(Resident {
+        let mut flags: Vec<AtomicU8> = ix.flags.iter().map(|&f| AtomicU8::new(f)).collect();
+        flags.resize_with(capacity, || AtomicU8::new(node::FREE));
+        let res = Resident {
             table: table as u32,
             gen,
-            n,
+            n: AtomicUsize::new(n),
+            capacity,
+            entry: AtomicU32::new(ix.graph.entry.unwrap_or(0)),
             dim: ix.stored_dim,
-            degree: ix.graph.degree,
+            degree,
             ip: ix.metric == Metric::InnerProduct,
             fmt,
             bytes,
-            flags: ix.flags.iter().map(|&f| AtomicU8::new(f)).collect(),
-            _vectors: vectors,
-            _adjacency: adjacency,
+            flags,
+            vectors,
+            adjacency,
             d_flags,
-        })
+            metric: if ix.metric == Metric::InnerProduct { abi::METRIC_IP } else { abi::METRIC_L2 },
+        };
+        self.write_desc(&mgmt, table, &res.desc())?;
+        Ok(res)
     }
 
     /// Writes entry `table` of the descriptor table and waits for it.
@@ -298,8 +339,8 @@ impl Registry {
     /// device's, one byte or the whole array in one copy.
     pub fn update_flags(&self, id: ResidentId, changes: &[(u32, u8)]) -> Result<(), SearchError> {
         let res = self.resident(id)?;
-        if let Some(&(v, _)) = changes.iter().find(|c| c.0 as usize >= res.n) {
-            return Err(SearchError::Invalid(format!("node {v} of {}", res.n)));
+        if let Some(&(v, _)) = changes.iter().find(|c| c.0 as usize >= res.n()) {
+            return Err(SearchError::Invalid(format!("node {v} of {}", res.n())));
         }
         for &(v, f) in changes {
             res.flags[v as usize].store(f, Ordering::Relaxed);
@@ -314,6 +355,73 @@ impl Registry {
         unsafe { result::memcpy_htod_async(at, &bytes, mgmt.cu_stream()) }
             .and_then(|_| mgmt.synchronize())
             .map_err(|e| SearchError::from(cuda("updating flags", e)))
+    }
+
+    /// Applies `p` to a resident index in place, while queries run on it:
+    /// rows (vectors, then their flags) first, then lists, then the node
+    /// count and entry point, so a query that reads a new list finds its
+    /// nodes' rows there (and one that started before ignores ids beyond
+    /// the count it read). Ok(false) when the index must be loaded again
+    /// instead: more nodes than its room, or a vector its fp16 rows cannot
+    /// hold exactly.
+    pub fn patch(&self, id: ResidentId, p: &Patch) -> Result<bool, SearchError> {
+        let res = self.resident(id)?;
+        if p.n < res.n() || p.entry as usize >= p.n {
+            return Err(SearchError::Invalid(format!("a patch to {} nodes, entry {}, of {}", p.n, p.entry, res.n())));
+        }
+        if p.n > res.capacity {
+            return Ok(false);
+        }
+        let dim = res.dim;
+        let fits = |r: &(u32, Vec<u8>, Vec<f32>)| r.0 as usize + r.1.len() <= p.n && r.2.len() == r.1.len() * dim;
+        if !p.rows.iter().all(fits) || !p.lists.iter().all(|l| l.0 as usize + l.1.len() / res.degree <= p.n) {
+            return Err(SearchError::Invalid("a patch beyond its node count".into()));
+        }
+        if res.fmt.half && !p.rows.iter().all(|r| r.2.iter().all(|x| f16_exact(*x).is_some())) {
+            return Ok(false);
+        }
+        let mgmt = self.mgmt.lock();
+        let rb = res.fmt.row_bytes();
+        let copy = |what: &str, at: u64, bytes: &[u8]| {
+            // SAFETY: callers keep `at..at + bytes.len()` inside the
+            // index's arrays (checked above against the node count, within
+            // the capacity); the source is pageable and the stream is
+            // synchronised before this returns.
+            unsafe { result::memcpy_htod_async(at, bytes, mgmt.cu_stream()) }
+                .map_err(|e| SearchError::from(cuda(&format!("patching {what}"), e)))
+        };
+        // deletions show on the host at once: answers are filtered by it
+        for (first, flags, _) in &p.rows {
+            for (i, &f) in flags.iter().enumerate() {
+                if !node::is_result(f) {
+                    res.flags[*first as usize + i].store(f, Ordering::Relaxed);
+                }
+            }
+        }
+        for (first, flags, vectors) in &p.rows {
+            let encoded = encode_rows(vectors, dim, &res.fmt);
+            copy("the vectors", device_addr(&res.vectors) + (*first as usize * rb) as u64, &encoded)?;
+            copy("the flags", device_addr(&res.d_flags) + *first as u64, flags)?;
+        }
+        for (first, lists) in &p.lists {
+            let at = device_addr(&res.adjacency) + (*first as usize * res.degree * 4) as u64;
+            // SAFETY: u32 ids as bytes
+            let bytes = unsafe { std::slice::from_raw_parts(lists.as_ptr() as *const u8, lists.len() * 4) };
+            copy("the lists", at, bytes)?;
+        }
+        mgmt.synchronize().map_err(|e| SearchError::from(cuda("patching an index", e)))?;
+        for (first, flags, _) in &p.rows {
+            for (i, &f) in flags.iter().enumerate() {
+                res.flags[*first as usize + i].store(f, Ordering::Relaxed);
+            }
+        }
+        let grown = p.n != res.n() || p.entry != res.entry.load(Ordering::Acquire);
+        res.n.store(p.n, Ordering::Release);
+        res.entry.store(p.entry, Ordering::Release);
+        if grown {
+            self.write_desc(&mgmt, res.table as usize, &res.desc())?;
+        }
+        Ok(true)
     }
 
     /// Forgets every index (the kernel has exited): their memory is freed.

@@ -14,7 +14,7 @@ use gpu_graph_engine::flat::FlatIndex;
 use super::health::Health;
 use super::launch::Kernel;
 use super::plan::{QueryPlan, SearchPolicy, ServerConfig, Sizing};
-use super::registry::{Registry, ResidentId, ResidentInfo};
+use super::registry::{Patch, Registry, ResidentId, ResidentInfo};
 use super::slots::{Answer, Slots};
 use crate::abi::{self, SearchParams};
 use crate::device::Gpu;
@@ -252,6 +252,15 @@ impl SearchServer {
     pub fn update_flags_batch(&self, id: ResidentId, changes: &[(u32, u8)]) -> Result<(), SearchError> {
         self.inner.health.usable()?;
         let r = self.inner.registry.update_flags(id, changes);
+        self.inner.fatal_or(r)
+    }
+
+    /// Brings a resident index up to date in place while queries run (see
+    /// `Registry::patch`); Ok(false)
+    /// when it must be loaded again instead.
+    pub fn patch(&self, id: ResidentId, p: &Patch) -> Result<bool, SearchError> {
+        self.inner.health.usable()?;
+        let r = self.inner.registry.patch(id, p);
         self.inner.fatal_or(r)
     }
 

@@ -247,6 +247,12 @@ impl Worker {
                 }
             }
             let took = self.take_requests()?;
+            if !took {
+                // idle: the copies follow the writes anyway, so a quiet
+                // spell of writes does not overflow the log
+                // SAFETY: the worker's main thread, with a resource owner.
+                unsafe { self.residency.sync(&self.device, self.shared)? };
+            }
             let on_device = self.progress()?;
             // SAFETY: the worker lives on the process's main thread
             // (gpu_graph_worker_main), which has a resource owner.

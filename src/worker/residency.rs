@@ -104,7 +104,8 @@ impl Residency {
 
     /// Brings the copies up to date with the change log: called after a
     /// batch of requests is taken and before any is answered, so each
-    /// answer holds every change committed before its request. Copies on
+    /// answer holds every change committed before its request (and when
+    /// the worker is idle, so that writes alone do not overflow the log). Copies on
     /// the CPU are patched in place; the others keep their generation and
     /// are refreshed whole when a request asks for a newer one. After an
     /// overflow every copy is marked out of date.

@@ -18,7 +18,8 @@
 #   7. INSERT, DELETE and VACUUM under pgbench with searches through the
 #      worker: its copy follows the change log (>= 95% of the scans served
 #      by it, none out of date), a row is found through it right after its
-#      commit, new rows found, the index holds exactly the table's rows
+#      commit; more writes than the log holds refresh the copy whole; new
+#      rows found, the index holds exactly the table's rows
 #   8. gpu_graph.gpu_memory_limit: least recently used copies evicted, an
 #      index larger than the limit searched on the CPU
 #   9. DROP DATABASE with a resident copy does not wait on the worker; the
@@ -268,6 +269,18 @@ served=$(($(stat scans,worker) - before))
 stale=$(($(stat fallbacks,stale) - stale))
 echo "  rows found through the worker right after their commit: $found/100 ($served served by it, $stale out of date)"
 [ "$found" = 100 ] && [ "$served" = 100 ] || fail "fresh rows: $found/100 found, $served/100 served by the worker"
+
+# more page writes than the log holds (12,000 rows, ~10 pages each) while
+# the worker is stopped: it reads an overflow, refreshes its copy whole,
+# and answers right (the checks below run on that copy)
+overflows=$(stat residency,log_overflows)
+wpid=$(stat worker,pid)
+kill -STOP "$wpid"
+q -c "INSERT INTO items SELECT 900000 + i, ARRAY[r(), r(), r(), r(), r(), r(), r(), r()] FROM generate_series(1, 12000) i"
+kill -CONT "$wpid"
+current items_idx items
+[ "$(stat residency,log_overflows)" -gt "$overflows" ] || fail "12,000 inserted rows did not overflow the change log"
+echo "  the change log overflowed while the worker was stopped: its copy was refreshed whole"
 q -c "VACUUM items"
 rows=$(q -c "SELECT count(*) FROM items")
 live=$(q -c "SELECT (gpu_graph_info('items_idx')->'nodes'->>'live')::int")

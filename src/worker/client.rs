@@ -10,13 +10,14 @@
 //! VACUUM marked deleted after the copy (marking does not bump the
 //! generation) is never returned.
 //!
-//! Rows inserted since the copy are not in it: the worker answers only from
-//! a copy at least as new as the meta page the scan read (its generation);
-//! otherwise it answers "stale", starts a new copy, and the scan searches on
-//! the CPU. Merging the copy's answer with a CPU search of the newer nodes
-//! instead would need to know which node ids were allocated since the copy,
-//! and the index does not record that (VACUUM's free slots are reused in
-//! place, anywhere in the id range).
+//! The worker answers only from a copy at least as new as the meta page the
+//! scan read (its generation). Its copies follow the index's writes through
+//! the change log (worker::changes): every page a backend writes is noted
+//! before the write can commit, and the worker patches the noted pages into
+//! its copies before answering, so a row committed before the scan started
+//! is in the copy that answers. A copy that cannot follow (the log
+//! overflowed, the copy is full) answers "stale": the worker makes a new
+//! one, and the scan searches on the CPU meanwhile.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};

@@ -3,12 +3,11 @@
 //! names a newer generation, and evicted least recently used first to stay
 //! under gpu_graph.gpu_memory_limit. One copy is made at a time.
 
+use gpu_graph_gpu::search::Patch;
 use pgrx::pg_sys;
 
 use super::changes::Change;
 use super::device::{Device, Handle};
-use gpu_graph_gpu::search::Patch;
-
 use super::image::{patch, Begin, File, GpuPatch, Key, Loader};
 use super::outcome::Outcome;
 use super::ring::Request;
@@ -105,10 +104,10 @@ impl Residency {
     /// Brings the copies up to date with the change log: called after a
     /// batch of requests is taken and before any is answered, so each
     /// answer holds every change committed before its request (and when
-    /// the worker is idle, so that writes alone do not overflow the log). Copies on
-    /// the CPU are patched in place; the others keep their generation and
-    /// are refreshed whole when a request asks for a newer one. After an
-    /// overflow every copy is marked out of date.
+    /// the worker is idle, so that writes alone do not overflow the log).
+    /// Each copy is patched in place (`follow`); one that cannot be, and
+    /// every copy after an overflow, is marked out of date and refreshed
+    /// whole when a request asks for a newer generation.
     ///
     /// # Safety
     /// The worker's main thread, with a resource owner.

@@ -81,6 +81,15 @@ impl Control for Watch {
     }
 }
 
+impl Watch {
+    /// The backend's turn while a GPU thread builds: the rounds done into
+    /// the progress view, and any interrupt served (a cancel raises here).
+    fn waiting(&self) {
+        report_rounds(self.done.load(Ordering::Relaxed), self.total.load(Ordering::Relaxed));
+        pg_sys::check_for_interrupts!();
+    }
+}
+
 /// A build's rounds in pg_stat_progress_create_index (tuples done / total,
 /// as PostgreSQL's view names its counters).
 fn report_rounds(done: usize, total: usize) {
@@ -334,10 +343,7 @@ impl ShardBuilder for GpuShards<'_> {
                 Ok((seq, r)) => {
                     self.early.insert(seq, r);
                 }
-                Err(mpsc::RecvTimeoutError::Timeout) => {
-                    report_rounds(self.watch.done.load(Ordering::Relaxed), self.watch.total.load(Ordering::Relaxed));
-                    pg_sys::check_for_interrupts!();
-                }
+                Err(mpsc::RecvTimeoutError::Timeout) => self.watch.waiting(),
                 Err(mpsc::RecvTimeoutError::Disconnected) => {
                     self.failed.get_or_insert(GpuError::Cuda("the GPU build threads ended".into()));
                     return None;
@@ -456,10 +462,8 @@ pub fn construct_paged(b: PagedBuild) -> Constructed {
                 // one GPU's thread takes it; the others end with the queue
                 let _ = rows_tx.send(Job::Whole(job));
                 drop(rows_tx);
-                let (entry, _) = streamed::feed(b.rows, pieces_tx, back_rx, piece_rows, b.merged, &mut || {
-                    report_rounds(watch.done.load(Ordering::Relaxed), watch.total.load(Ordering::Relaxed));
-                    pg_sys::check_for_interrupts!();
-                })?;
+                let (entry, _) =
+                    streamed::feed(b.rows, pieces_tx, back_rx, piece_rows, b.merged, &mut || watch.waiting())?;
                 return Ok(((entry, None), name));
             }
             if opened > 1 {

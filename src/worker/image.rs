@@ -146,6 +146,31 @@ pub struct File {
     pub permanent: bool,
 }
 
+impl File {
+    /// Session AccessShareLocks on the index, then its database, taken
+    /// without waiting (None when either is locked against them): neither
+    /// can be dropped while they are held. Released in the reverse order.
+    ///
+    /// # Safety
+    /// The worker's main thread, with a resource owner.
+    unsafe fn lock(&self) -> Option<(SessionLock, SessionLock)> {
+        // SAFETY: the caller's contract.
+        unsafe {
+            // SET_LOCKTAG_OBJECT(InvalidOid, DatabaseRelationId, db, 0), as a
+            // backend connected to the database holds one
+            let db = SessionLock::take(
+                0,
+                pg_sys::DatabaseRelationId.to_u32(),
+                self.db,
+                pg_sys::LockTagType::LOCKTAG_OBJECT,
+            )?;
+            // SET_LOCKTAG_RELATION(db, index)
+            let index = SessionLock::take(self.db, self.index, 0, pg_sys::LockTagType::LOCKTAG_RELATION)?;
+            Some((index, db))
+        }
+    }
+}
+
 pub enum Begin {
     Started(Box<Loader>),
     /// locked by someone else, or gone: try again on a later request
@@ -209,19 +234,15 @@ impl Loader {
         // caller's contract), may take session locks and open a relation's
         // files by RelFileNode; smgrnblocks is asked only when the file exists.
         unsafe {
-            // SET_LOCKTAG_OBJECT(InvalidOid, DatabaseRelationId, db, 0), as a
-            // backend connected to the database holds one
-            let db =
-                SessionLock::take(0, pg_sys::DatabaseRelationId.to_u32(), req.db, pg_sys::LockTagType::LOCKTAG_OBJECT)?;
-            // SET_LOCKTAG_RELATION(db, index)
-            let index = SessionLock::take(req.db, req.index, 0, pg_sys::LockTagType::LOCKTAG_RELATION)?;
+            let file = File { db: req.db, index: req.index, permanent: req.permanent };
+            let locks = file.lock()?;
             let rnode = Key::of(req).rnode();
             let l = Loader {
                 key: Key::of(req),
                 generation: 0,
                 started: Instant::now(),
-                _locks: (index, db),
-                file: File { db: req.db, index: req.index, permanent: req.permanent },
+                _locks: locks,
+                file,
                 rnode,
                 strategy: pg_sys::GetAccessStrategy(pg_sys::BufferAccessStrategyType::BAS_BULKREAD),
                 layout: Layout::new(8, 1, Element::F32),
@@ -464,9 +485,7 @@ pub unsafe fn patch(key: Key, file: File, target: &mut dyn Target, blocks: &mut 
     // SAFETY: the worker's main thread, with a resource owner (the caller's
     // contract): session locks as a load takes them, then the file.
     unsafe {
-        let db =
-            SessionLock::take(0, pg_sys::DatabaseRelationId.to_u32(), file.db, pg_sys::LockTagType::LOCKTAG_OBJECT)?;
-        let index = SessionLock::take(file.db, file.index, 0, pg_sys::LockTagType::LOCKTAG_RELATION)?;
+        let locks = file.lock()?;
         let rnode = key.rnode();
         let smgr = pg_sys::smgropen(rnode, pg_sys::InvalidBackendId);
         let nblocks = if pg_sys::smgrexists(smgr, pg_sys::ForkNumber::MAIN_FORKNUM) {
@@ -476,7 +495,7 @@ pub unsafe fn patch(key: Key, file: File, target: &mut dyn Target, blocks: &mut 
         };
         let out = (nblocks > 0).then(|| patch_blocks(rnode, file.permanent, nblocks, target, blocks)).flatten();
         close_files(rnode);
-        drop((index, db));
+        drop(locks);
         out
     }
 }

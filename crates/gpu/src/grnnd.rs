@@ -214,7 +214,8 @@ fn build_inner(
         });
         let t = Instant::now();
         let dv = Run::upload(gpu, n, dim, params, exact, &mut || DeviceVectors::upload(gpu, vectors, dim))?;
-        let maxabs = crate::vectors::max_abs(vectors);
+        // the exact start's fp16 scale: a pass over the vectors only then
+        let maxabs = if exact { crate::vectors::max_abs(vectors) } else { 0.0 };
         let mut run = Run::new(gpu, dv, maxabs, t, params, exact, opts, control)?;
         run.start()?;
         run.refine()?;

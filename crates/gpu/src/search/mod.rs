@@ -94,6 +94,6 @@ mod slots;
 
 pub use merge::merge_lists;
 pub use plan::{QueryPlan, SearchPolicy, ServerConfig, DEFAULT_CTAS_PER_SLOT};
-pub use registry::{capacity_for, Patch, ResidentId, ResidentInfo};
+pub use registry::{Patch, ResidentId, ResidentInfo};
 pub use server::{SearchError, SearchServer, ServerInfo, Ticket};
 pub use slots::Answer;

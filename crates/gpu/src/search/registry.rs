@@ -138,7 +138,7 @@ pub struct Patch {
 
 /// Rows a resident index is given room to grow by beyond its nodes at load
 /// (an eighth, at least 1024): inserts patch it in place until it is full.
-pub fn capacity_for(n: usize) -> usize {
+fn capacity_for(n: usize) -> usize {
     n + (n / 8).max(1024)
 }
 

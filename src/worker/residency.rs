@@ -145,8 +145,10 @@ impl Residency {
             if blocks.is_empty() {
                 continue;
             }
+            let t = std::time::Instant::now();
             // SAFETY: the worker's main thread (the caller's contract).
             let patched = unsafe { follow(r, device, &mut blocks) }?;
+            add(&shared.counters.patch_us, t.elapsed().as_micros() as u64);
             match patched {
                 Some(g) => {
                     r.generation = g;

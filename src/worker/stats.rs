@@ -46,6 +46,9 @@ pub struct Counters {
     pub patches: AtomicU64,
     pub patched_pages: AtomicU64,
     pub log_overflows: AtomicU64,
+    /// the worker's time bringing copies up to date (reading the pages and
+    /// copying them to the device): the part of its one thread writes take
+    pub patch_us: AtomicU64,
 }
 
 impl Counters {
@@ -66,6 +69,7 @@ impl Counters {
             patches: AtomicU64::new(0),
             patched_pages: AtomicU64::new(0),
             log_overflows: AtomicU64::new(0),
+            patch_us: AtomicU64::new(0),
         }
     }
 }
@@ -250,6 +254,9 @@ struct Residency {
     patches: u64,
     patched_pages: u64,
     log_overflows: u64,
+    /// the worker's time spent on them, in all and per patch
+    patch_ms: f64,
+    mean_patch_us: Option<f64>,
     indexes: Vec<ResidentJson>,
 }
 
@@ -296,6 +303,8 @@ fn gpu_graph_worker_stats() -> JsonB {
             patches: get(&c.patches),
             patched_pages: get(&c.patched_pages),
             log_overflows: get(&c.log_overflows),
+            patch_ms: get(&c.patch_us) as f64 / 1000.0,
+            mean_patch_us: mean(get(&c.patch_us), get(&c.patches)),
             indexes: shared()
                 .map(|s| s.residents.read().iter().filter(|e| visible(e.db_node)).map(ResidentJson::of).collect())
                 .unwrap_or_default(),

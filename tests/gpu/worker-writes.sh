@@ -1,18 +1,29 @@
 #!/usr/bin/env bash
 # Searches through the worker while the table is written (a benchmark with
 # checks): pgbench -M prepared searches at ef_search 20, each query vector
-# read from a table of the 1000 query vectors, with inserts at a fixed rate
-# beside them (a second pgbench), after a read-only run in the same call.
-# For each rate: queries/s, p99 latency, scans served by the worker and
-# those that went to the CPU as out of date, pages patched into its copy;
-# then rows inserted are found through the worker right after their commit.
-# Run on a server with gpu_graph preloaded, on a table `items` with an
-# index `items_embedding_idx` (gpu-graph-bench's), /tmp/sift's queries:
+# read from a table of the 1000 query vectors, with writes beside them (a
+# second pgbench, INSERT_CLIENTS clients), after a read-only run in the
+# same call. A mode is one of:
+#   0      read-only (the baseline the others are measured against)
+#   N      N inserts/s (pgbench -R)
+#   max    inserts as fast as the index takes them: its insert ceiling
+#   del    1000 inserts/s, 1000 deletes/s and VACUUM in a loop
+# For each: queries/s, p99 latency, writes/s and their mean latency, scans
+# served by the worker and those that went to the CPU as out of date, the
+# pages patched into its copy and the worker's time patching them, the
+# worker's and the machine's CPU; recall@10 of worker and CPU scans during
+# the writes (queries 500-999; new rows are jittered queries 0-499, so the
+# ground truth of the probed queries holds). Then rows inserted are found
+# through the worker right after their commit, and deleted rows are never
+# returned. Run on a server with gpu_graph preloaded, on a table `items`
+# with an index `items_embedding_idx` (gpu-graph-bench's), DIR's queries
+# and ground truth:
 #
-#   CLIENTS="16 64" RATES="0 200 1000 5000" SECS=15 bash tests/gpu/worker-writes.sh [DIR]
+#   CLIENTS="64 16" MODES="0 200 1000 5000 max del" SECS=10 bash tests/gpu/worker-writes.sh [DIR]
 #
-# Fails when a rate's scans were served by the worker less than 95% of the
-# time, or a fresh row is not found through it.
+# Fails when a mode's scans were served by the worker less than 95% of the
+# time, recall through the worker is more than 0.01 below the CPU's, a
+# fresh row is not found through it, or a deleted row comes back.
 set -euo pipefail
 dir=${1:-/tmp/sift}
 out=${OUT:-/tmp/gpu-test}
@@ -21,28 +32,60 @@ fail() { echo "worker-writes: FAIL: $*" >&2; exit 1; }
 q() { psql -X -q -v ON_ERROR_STOP=1 -At "$@"; }
 stats() { q -c "SELECT gpu_graph_worker_stats() #>> '{$1}'"; }
 secs=${SECS:-15}
+iclients=${INSERT_CLIENTS:-8}
+w=/tmp/worker-writes
+mkdir -p $w && chmod 777 $w
 
-python3 - "$dir/query.fvecs" <<'PY'
+python3 - "$dir/query.fvecs" "$dir/groundtruth.ivecs" $w <<'PY'
 import sys, struct
 raw = open(sys.argv[1], 'rb').read()
 d = struct.unpack_from('<i', raw)[0]
 row = 4 * (d + 1)
-with open('/tmp/queries.copy', 'w') as f:
+with open(sys.argv[3] + '/queries.copy', 'w') as f:
     for i in range(min(1000, len(raw) // row)):
         v = struct.unpack_from(f'<{d}f', raw, i * row + 4)
         f.write(f"{i}\t{{{','.join(repr(x) for x in v)}}}\n")
+gt = open(sys.argv[2], 'rb').read()
+k = struct.unpack_from('<i', gt)[0]
+with open(sys.argv[3] + '/gt.txt', 'w') as f:
+    for i in range(500, 1000):
+        f.write(' '.join(str(x) for x in struct.unpack_from(f'<{k}i', gt, i * 4 * (k + 1) + 4)[:10]) + '\n')
 PY
 q -c "DROP TABLE IF EXISTS queries" -c "CREATE TABLE queries (id int PRIMARY KEY, v real[])" \
-  -c "\\copy queries FROM /tmp/queries.copy"
-cat >/tmp/knn.sql <<'SQL'
+  -c "\\copy queries FROM $w/queries.copy"
+# deletes find the oldest new row by id; deleted ids are kept for the check
+q -c "CREATE INDEX IF NOT EXISTS items_id ON items (id)" \
+  -c "DROP TABLE IF EXISTS deleted_ids" -c "CREATE TABLE deleted_ids (id int)"
+cat >$w/knn.sql <<'SQL'
 \set qid random(0, 999)
 SELECT id FROM items ORDER BY embedding <-> (SELECT v FROM queries WHERE id = :qid) LIMIT 10;
 SQL
-# a query vector, jittered: a new row near the data
-cat >/tmp/insert.sql <<'SQL'
+# a query vector of 0-499, jittered: a new row near the data
+cat >$w/insert.sql <<'SQL'
 INSERT INTO items SELECT -nextval('new_ids'), (SELECT array_agg(x + (random() * 0.5)::real) FROM unnest(v) x)
-  FROM queries WHERE id = (random() * 999)::int;
+  FROM queries WHERE id = (random() * 499)::int;
 SQL
+cat >$w/delete.sql <<'SQL'
+WITH d AS (DELETE FROM items WHERE id = (SELECT max(id) FROM items WHERE id < 0 AND id > -1000000000) RETURNING id)
+INSERT INTO deleted_ids SELECT id FROM d;
+SQL
+# the probe: queries 500-999, one line of ids each
+for i in $(seq 500 999); do
+  echo "SELECT string_agg(id::text, ' ') FROM (SELECT id FROM items ORDER BY embedding <-> (SELECT v FROM queries WHERE id = $i) LIMIT 10) s;"
+done >$w/probe.sql
+recall() {
+  python3 - "$1" $w/gt.txt <<'PY'
+import sys
+got = [set(l.split()) for l in open(sys.argv[1])]
+gt = [set(l.split()) for l in open(sys.argv[2])]
+print(f"{sum(len(a & b) for a, b in zip(got, gt)) / (10 * len(gt)):.4f}")
+PY
+}
+probe() { PGOPTIONS="-c gpu_graph.search_device=$1 -c gpu_graph.ef_search=20" q -f $w/probe.sql >"$2"; }
+# CPU seconds (user + system) of a process, and of the machine (busy, all)
+proc_cpu() { awk '{print ($14 + $15) / 100}' "/proc/$1/stat"; }
+busy() { awk '/^cpu / {print $2 + $3 + $4 + $7 + $8, $2 + $3 + $4 + $5 + $6 + $7 + $8}' /proc/stat; }
+
 q -c "DROP SEQUENCE IF EXISTS new_ids" -c "CREATE SEQUENCE new_ids"
 for _ in $(seq 1 600); do [ "$(stats worker,state)" = running ] && break; sleep 0.1; done
 echo "worker: $(q -c "SELECT gpu_graph_worker_stats()->'worker'")"
@@ -54,31 +97,58 @@ for _ in $(seq 1 300); do
   PGOPTIONS="-c gpu_graph.search_device=gpu" q -c "SELECT 1 FROM items ORDER BY embedding <-> (SELECT v FROM queries WHERE id = 1) LIMIT 1" >/dev/null
 done
 
-printf "%-8s %-6s %10s %10s %9s %9s %9s %8s %8s\n" clients rate "queries/s" "inserts/s" "p99 ms" worker stale patches overflow | tee "$out/writes.txt"
+fmt="%-7s %-5s %9s %9s %7s %8s %8s %8s %6s %6s %6s %7s %6s %6s %6s %6s\n"
+printf "$fmt" clients mode "queries/s" "writes/s" "p99 ms" "write ms" worker stale pages "patch%" "wcpu%" "cpu%" overfl vacuums "r_gpu" "r_cpu" |
+  tee "$out/writes.txt"
 for c in ${CLIENTS:-64}; do
-  for rate in ${RATES:-0 200 1000}; do
-    name="c${c}_r$rate"
-    rm -rf "/tmp/pgb_$name"; mkdir -p "/tmp/pgb_$name"; chmod 777 "/tmp/pgb_$name"
-    w0=$(stats scans,worker); s0=$(stats fallbacks,stale); p0=$(stats residency,patched_pages); o0=$(stats residency,log_overflows)
-    ins=
-    if [ "$rate" != 0 ]; then
-      pgbench -n -M prepared -c 2 -j 2 -R "$rate" -T "$secs" -f /tmp/insert.sql postgres >"$out/inserts_$name.log" 2>&1 &
-      ins=$!
-    fi
+  for mode in ${MODES:-0 200 1000}; do
+    name="c${c}_$mode"
+    rm -rf "$w/pgb_$name"; mkdir -p "$w/pgb_$name"; chmod 777 "$w/pgb_$name"
+    w0=$(stats scans,worker); s0=$(stats fallbacks,stale); p0=$(stats residency,patched_pages)
+    o0=$(stats residency,log_overflows); t0=$(stats residency,patch_ms); pid=$(stats worker,pid)
+    c0=$(proc_cpu "$pid"); read -r b0 a0 < <(busy)
+    writers=(); vacuums=0
+    case $mode in
+      0) ;;
+      max) pgbench -n -M prepared -c "$iclients" -j "$iclients" -T "$secs" -f $w/insert.sql postgres >"$out/writes_$name.log" 2>&1 &
+        writers+=($!) ;;
+      del) pgbench -n -M prepared -c "$iclients" -j "$iclients" -R 2000 -T "$secs" -f $w/insert.sql@1 -f $w/delete.sql@1 postgres \
+        >"$out/writes_$name.log" 2>&1 &
+        writers+=($!)
+        (end=$((SECONDS + secs)); n=0; while [ $SECONDS -lt $end ]; do q -c "VACUUM items"; n=$((n + 1)); done; echo $n >$w/vacuums) &
+        writers+=($!) ;;
+      *) pgbench -n -M prepared -c "$iclients" -j "$iclients" -R "$mode" -T "$secs" -f $w/insert.sql postgres >"$out/writes_$name.log" 2>&1 &
+        writers+=($!) ;;
+    esac
+    # recall of worker and CPU scans while the table is written
+    if [ "$mode" != 0 ]; then (sleep 2; probe gpu $w/probe_gpu; probe cpu $w/probe_cpu) & writers+=($!); fi
     PGOPTIONS="-c gpu_graph.search_device=gpu -c gpu_graph.ef_search=20" pgbench -n -M prepared -c "$c" -j 16 \
-      -T "$secs" -f /tmp/knn.sql --log --log-prefix="/tmp/pgb_$name/log" postgres >"$out/search_$name.log" 2>&1 ||
+      -T "$secs" -f $w/knn.sql --log --log-prefix="$w/pgb_$name/log" postgres >"$out/search_$name.log" 2>&1 ||
       { cat "$out/search_$name.log"; fail "pgbench $name"; }
-    [ -z "$ins" ] || wait "$ins" || { cat "$out/inserts_$name.log"; fail "inserts $name"; }
+    for p in "${writers[@]}"; do wait "$p" || { cat "$out/writes_$name.log"; fail "writes $name"; }; done
+    [ "$mode" = del ] && vacuums=$(cat $w/vacuums)
+    read -r b1 a1 < <(busy); c1=$(proc_cpu "$pid")
     tps=$(awk '/^tps/ {printf "%.0f", $3}' "$out/search_$name.log")
-    itps=$([ -z "$ins" ] && echo 0 || awk '/^tps/ {printf "%.0f", $3}' "$out/inserts_$name.log")
-    p99=$(cat /tmp/pgb_"$name"/log* | awk '{print $3 / 1000}' | sort -g | awk '{v[NR] = $1} END {printf "%.3f", v[int(NR * 0.99) + (NR * 0.99 > int(NR * 0.99))]}')
-    w=$(($(stats scans,worker) - w0)); s=$(($(stats fallbacks,stale) - s0))
-    printf "%-8s %-6s %10s %10s %9s %9s %9s %8s %8s\n" "$c" "$rate" "$tps" "$itps" "$p99" "$w" "$s" \
-      $(($(stats residency,patched_pages) - p0)) $(($(stats residency,log_overflows) - o0)) | tee -a "$out/writes.txt"
-    [ $((w * 100)) -ge $(((w + s) * 95)) ] || fail "$name: the worker served $w scans, $s went to the CPU as out of date"
+    wtps=0; wlat=-
+    if [ "$mode" != 0 ]; then
+      wtps=$(awk '/^tps/ {printf "%.0f", $3}' "$out/writes_$name.log")
+      wlat=$(awk '/^latency average/ {print $4}' "$out/writes_$name.log")
+    fi
+    p99=$(cat "$w/pgb_$name"/log* | awk '{print $3 / 1000}' | sort -g | awk '{v[NR] = $1} END {printf "%.3f", v[int(NR * 0.99) + (NR * 0.99 > int(NR * 0.99))]}')
+    served=$(($(stats scans,worker) - w0)); stale=$(($(stats fallbacks,stale) - s0))
+    patch=$(awk -v a="$(stats residency,patch_ms)" -v b="$t0" -v s="$secs" 'BEGIN {printf "%.1f", (a - b) / (10 * s)}')
+    wcpu=$(awk -v a="$c1" -v b="$c0" -v s="$secs" 'BEGIN {printf "%.0f", 100 * (a - b) / s}')
+    cpu=$(awk -v b="$((b1 - b0))" -v a="$((a1 - a0))" 'BEGIN {printf "%.0f", 100 * b / a}')
+    rg=-; rc=-
+    if [ "$mode" != 0 ]; then rg=$(recall $w/probe_gpu); rc=$(recall $w/probe_cpu); fi
+    printf "$fmt" "$c" "$mode" "$tps" "$wtps" "$p99" "$wlat" "$served" "$stale" $(($(stats residency,patched_pages) - p0)) \
+      "$patch" "$wcpu" "$cpu" $(($(stats residency,log_overflows) - o0)) "$vacuums" "$rg" "$rc" | tee -a "$out/writes.txt"
+    [ $((served * 100)) -ge $(((served + stale) * 95)) ] || fail "$name: the worker served $served scans, $stale went to the CPU as out of date"
+    [ "$rg" = - ] || awk -v g="$rg" -v c="$rc" 'BEGIN {exit !(g >= c - 0.01)}' || fail "$name: recall through the worker $rg, on the CPU $rc"
   done
 done
 echo "fallbacks: $(q -c "SELECT gpu_graph_worker_stats()->'fallbacks'")"
+echo "residency: $(q -c "SELECT (gpu_graph_worker_stats()->'residency') - 'indexes'::text")"
 
 # freshness: each row found through the worker right after its commit
 # (a query vector moved by 0.25: no other row is as near it)
@@ -86,10 +156,28 @@ for i in $(seq 1 100); do
   vec="(SELECT array_agg(x + 0.25::real ORDER BY o) FROM queries, unnest(v) WITH ORDINALITY u(x, o) WHERE id = $i)"
   echo "INSERT INTO items VALUES (-1000000000 - $i, $vec);"
   echo "SELECT id = -1000000000 - $i FROM items ORDER BY embedding <-> $vec LIMIT 1;"
-done >/tmp/fresh.sql
+done >$w/fresh.sql
 w0=$(stats scans,worker)
-found=$(PGOPTIONS="-c gpu_graph.search_device=gpu" q -f /tmp/fresh.sql | grep -c '^t$' || true)
-w=$(($(stats scans,worker) - w0))
-echo "rows found through the worker right after their commit: $found/100 ($w served by it)"
-[ "$found" = 100 ] && [ "$w" = 100 ] || fail "fresh rows: $found/100 found, $w/100 served by the worker"
+found=$(PGOPTIONS="-c gpu_graph.search_device=gpu" q -f $w/fresh.sql | grep -c '^t$' || true)
+served=$(($(stats scans,worker) - w0))
+echo "rows found through the worker right after their commit: $found/100 ($served served by it)"
+[ "$found" = 100 ] && [ "$served" = 100 ] || fail "fresh rows: $found/100 found, $served/100 served by the worker"
+
+# deletions: each fresh row deleted, then searched for by its own vector
+# through the worker (it was the nearest row a moment ago); and the rows
+# the delete runs removed never come back for the queries they were near
+for i in $(seq 1 100); do
+  vec="(SELECT array_agg(x + 0.25::real ORDER BY o) FROM queries, unnest(v) WITH ORDINALITY u(x, o) WHERE id = $i)"
+  echo "DELETE FROM items WHERE id = -1000000000 - $i;"
+  echo "SELECT count(*) = 10 AND bool_and(id <> -1000000000 - $i) FROM (SELECT id FROM items ORDER BY embedding <-> $vec LIMIT 10) s;"
+done >$w/gone.sql
+for i in $(seq 0 499); do
+  echo "SELECT count(*) FROM (SELECT id FROM items ORDER BY embedding <-> (SELECT v FROM queries WHERE id = $i) LIMIT 10) s WHERE id IN (SELECT id FROM deleted_ids);"
+done >$w/deleted.sql
+w0=$(stats scans,worker)
+gone=$(PGOPTIONS="-c gpu_graph.search_device=gpu" q -f $w/gone.sql | grep -c '^t$' || true)
+back=$(PGOPTIONS="-c gpu_graph.search_device=gpu" q -f $w/deleted.sql | awk '{s += $1} END {print s + 0}')
+served=$(($(stats scans,worker) - w0))
+echo "deleted rows: $gone/100 gone at once (10 rows still returned), $back of $(q -c "SELECT count(*) FROM deleted_ids") deleted in the runs returned ($served of 600 scans served by the worker)"
+[ "$gone" = 100 ] && [ "$back" = 0 ] || fail "deleted rows came back"
 echo "worker-writes: passed"

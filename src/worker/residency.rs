@@ -112,6 +112,20 @@ impl Residency {
     /// # Safety
     /// The worker's main thread, with a resource owner.
     pub unsafe fn sync(&mut self, device: &Device, shared: &Shared) -> Result<(), String> {
+        let t = std::time::Instant::now();
+        // SAFETY: the caller's contract.
+        let r = unsafe { self.follow_log(device, shared) };
+        if t.elapsed() > std::time::Duration::from_millis(10) {
+            add(&shared.counters.slow_syncs, 1);
+        }
+        r
+    }
+
+    /// [`Residency::sync`] itself.
+    ///
+    /// # Safety
+    /// As for [`Residency::sync`].
+    unsafe fn follow_log(&mut self, device: &Device, shared: &Shared) -> Result<(), String> {
         let log = &shared.changes;
         let Some(from) = self.applied else {
             // the worker's first look: its copies are all made from now on
@@ -147,7 +161,7 @@ impl Residency {
             }
             let t = std::time::Instant::now();
             // SAFETY: the worker's main thread (the caller's contract).
-            let patched = unsafe { follow(r, device, &mut blocks) }?;
+            let patched = unsafe { follow(r, device, &mut blocks, shared) }?;
             add(&shared.counters.patch_us, t.elapsed().as_micros() as u64);
             match patched {
                 Some(g) => {
@@ -309,11 +323,18 @@ impl Residency {
 ///
 /// # Safety
 /// The worker's main thread, with a resource owner.
-unsafe fn follow(r: &mut Resident, device: &Device, blocks: &mut Vec<u32>) -> Result<Option<u64>, String> {
+unsafe fn follow(
+    r: &mut Resident,
+    device: &Device,
+    blocks: &mut Vec<u32>,
+    shared: &Shared,
+) -> Result<Option<u64>, String> {
     match (&mut r.handle, device) {
         (Handle::Cpu(image), _) => {
+            let read = std::time::Instant::now();
             // SAFETY: the caller's contract.
             let g = unsafe { patch(r.key, r.file, image, blocks) };
+            add(&shared.counters.patch_read_us, read.elapsed().as_micros() as u64);
             r.nodes = image.len() as u32;
             r.bytes = image.bytes();
             Ok(g)
@@ -321,8 +342,11 @@ unsafe fn follow(r: &mut Resident, device: &Device, blocks: &mut Vec<u32>) -> Re
         (Handle::Gpu(g), Device::Gpu(gpu)) => {
             let Some((stored_dim, degree, n)) = gpu.dims(g) else { return Ok(None) };
             let mut t = GpuPatch { stored_dim, degree, patch: Patch { n, ..Patch::default() } };
+            let read = std::time::Instant::now();
             // SAFETY: the caller's contract.
-            let Some(generation) = (unsafe { patch(r.key, r.file, &mut t, blocks) }) else { return Ok(None) };
+            let generation = unsafe { patch(r.key, r.file, &mut t, blocks) };
+            add(&shared.counters.patch_read_us, read.elapsed().as_micros() as u64);
+            let Some(generation) = generation else { return Ok(None) };
             match gpu.patch(g, &t.patch) {
                 Ok(true) => {
                     r.nodes = t.patch.n as u32;

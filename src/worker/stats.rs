@@ -49,6 +49,11 @@ pub struct Counters {
     /// the worker's time bringing copies up to date (reading the pages and
     /// copying them to the device): the part of its one thread writes take
     pub patch_us: AtomicU64,
+    /// of which reading the pages (the rest: copying to the device)
+    pub patch_read_us: AtomicU64,
+    /// reads of the change log and the patches after them that took over
+    /// 10 ms (the requests taken wait for them)
+    pub slow_syncs: AtomicU64,
 }
 
 impl Counters {
@@ -70,6 +75,8 @@ impl Counters {
             patched_pages: AtomicU64::new(0),
             log_overflows: AtomicU64::new(0),
             patch_us: AtomicU64::new(0),
+            patch_read_us: AtomicU64::new(0),
+            slow_syncs: AtomicU64::new(0),
         }
     }
 }
@@ -256,7 +263,9 @@ struct Residency {
     log_overflows: u64,
     /// the worker's time spent on them, in all and per patch
     patch_ms: f64,
+    patch_read_ms: f64,
     mean_patch_us: Option<f64>,
+    slow_syncs: u64,
     indexes: Vec<ResidentJson>,
 }
 
@@ -304,7 +313,9 @@ fn gpu_graph_worker_stats() -> JsonB {
             patched_pages: get(&c.patched_pages),
             log_overflows: get(&c.log_overflows),
             patch_ms: get(&c.patch_us) as f64 / 1000.0,
+            patch_read_ms: get(&c.patch_read_us) as f64 / 1000.0,
             mean_patch_us: mean(get(&c.patch_us), get(&c.patches)),
+            slow_syncs: get(&c.slow_syncs),
             indexes: shared()
                 .map(|s| s.residents.read().iter().filter(|e| visible(e.db_node)).map(ResidentJson::of).collect())
                 .unwrap_or_default(),

@@ -9,9 +9,11 @@
 #   max    inserts as fast as the index takes them: its insert ceiling
 #   del    1000 inserts/s, 1000 deletes/s and VACUUM in a loop
 # For each: queries/s, p99 latency, writes/s and their mean latency, scans
-# served by the worker and those that went to the CPU as out of date, the
-# pages patched into its copy and the worker's time patching them, the
-# worker's and the machine's CPU; recall@10 of worker and CPU scans during
+# served by the worker and those that went to the CPU (as out of date, and
+# for any reason), the pages patched into its copy, the share of the
+# worker's time patching them (and reading the pages for it), the mean
+# patch, syncs over 10 ms, the worker's and the machine's CPU, what the
+# worker waits on (sampled, in waits.txt); recall@10 of worker and CPU scans during
 # the writes (queries 500-999; new rows are jittered queries 0-499, so the
 # ground truth of the probed queries holds). Then rows inserted are found
 # through the worker right after their commit, and deleted rows are never
@@ -21,8 +23,8 @@
 #
 #   CLIENTS="64 16" MODES="0 200 1000 5000 max del" SECS=10 bash tests/gpu/worker-writes.sh [DIR]
 #
-# Fails when a mode's scans were served by the worker less than 95% of the
-# time, recall through the worker is more than 0.01 below the CPU's, a
+# Fails (after every mode has run) when a mode's scans were served by the
+# worker less than 95% of the time, recall through the worker is more than 0.01 below the CPU's, a
 # fresh row is not found through it, or a deleted row comes back.
 set -euo pipefail
 dir=${1:-/tmp/sift}
@@ -31,6 +33,8 @@ mkdir -p "$out"
 fail() { echo "worker-writes: FAIL: $*" >&2; exit 1; }
 q() { psql -X -q -v ON_ERROR_STOP=1 -At "$@"; }
 stats() { q -c "SELECT gpu_graph_worker_stats() #>> '{$1}'"; }
+# scans that asked the worker and searched on the CPU, for any reason
+fallbacks() { q -c "SELECT sum(value::bigint) FROM jsonb_each_text(gpu_graph_worker_stats() -> 'fallbacks')"; }
 secs=${SECS:-15}
 iclients=${INSERT_CLIENTS:-8}
 w=/tmp/worker-writes
@@ -85,6 +89,11 @@ probe() { PGOPTIONS="-c gpu_graph.search_device=$1 -c gpu_graph.ef_search=20" q 
 # CPU seconds (user + system) of a process, and of the machine (busy, all)
 proc_cpu() { awk '{print ($14 + $15) / 100}' "/proc/$1/stat"; }
 busy() { awk '/^cpu / {print $2 + $3 + $4 + $7 + $8, $2 + $3 + $4 + $5 + $6 + $7 + $8}' /proc/stat; }
+# what the worker waits on, sampled every 20 ms through one connection
+for _ in $(seq 1 $((secs * 40))); do
+  echo "SELECT coalesce(wait_event_type || ':' || wait_event, 'on CPU') FROM pg_stat_activity WHERE backend_type = 'gpu_graph search worker';"
+  echo "SELECT pg_sleep(0.02);"
+done >$w/waits.sql
 
 q -c "DROP SEQUENCE IF EXISTS new_ids" -c "CREATE SEQUENCE new_ids"
 for _ in $(seq 1 600); do [ "$(stats worker,state)" = running ] && break; sleep 0.1; done
@@ -97,15 +106,17 @@ for _ in $(seq 1 300); do
   PGOPTIONS="-c gpu_graph.search_device=gpu" q -c "SELECT 1 FROM items ORDER BY embedding <-> (SELECT v FROM queries WHERE id = 1) LIMIT 1" >/dev/null
 done
 
-fmt="%-7s %-5s %9s %9s %7s %8s %8s %8s %6s %6s %6s %7s %6s %6s %6s %6s\n"
-printf "$fmt" clients mode "queries/s" "writes/s" "p99 ms" "write ms" worker stale pages "patch%" "wcpu%" "cpu%" overfl vacuums "r_gpu" "r_cpu" |
+fmt="%-7s %-5s %9s %9s %7s %8s %8s %7s %7s %7s %6s %7s %6s %5s %5s %6s %7s %6s %6s\n"
+printf "$fmt" clients mode "queries/s" "writes/s" "p99 ms" "write ms" worker stale fallbk pages "patch%" "read%" "us/pat" slow "wcpu%" "cpu%" vacuums "r_gpu" "r_cpu" |
   tee "$out/writes.txt"
+problems=()
 for c in ${CLIENTS:-64}; do
   for mode in ${MODES:-0 200 1000}; do
     name="c${c}_$mode"
     rm -rf "$w/pgb_$name"; mkdir -p "$w/pgb_$name"; chmod 777 "$w/pgb_$name"
     w0=$(stats scans,worker); s0=$(stats fallbacks,stale); p0=$(stats residency,patched_pages)
     o0=$(stats residency,log_overflows); t0=$(stats residency,patch_ms); pid=$(stats worker,pid)
+    f0=$(fallbacks); n0=$(stats residency,patches); r0=$(stats residency,patch_read_ms); l0=$(stats residency,slow_syncs)
     c0=$(proc_cpu "$pid"); read -r b0 a0 < <(busy)
     writers=(); vacuums=0
     case $mode in
@@ -122,6 +133,8 @@ for c in ${CLIENTS:-64}; do
     esac
     # recall of worker and CPU scans while the table is written
     if [ "$mode" != 0 ]; then (sleep 2; probe gpu $w/probe_gpu; probe cpu $w/probe_cpu) & writers+=($!); fi
+    q -f $w/waits.sql | grep -v '^$' >$w/waits_$name &
+    writers+=($!)
     PGOPTIONS="-c gpu_graph.search_device=gpu -c gpu_graph.ef_search=20" pgbench -n -M prepared -c "$c" -j 16 \
       -T "$secs" -f $w/knn.sql --log --log-prefix="$w/pgb_$name/log" postgres >"$out/search_$name.log" 2>&1 ||
       { cat "$out/search_$name.log"; fail "pgbench $name"; }
@@ -135,19 +148,27 @@ for c in ${CLIENTS:-64}; do
       wlat=$(awk '/^latency average/ {print $4}' "$out/writes_$name.log")
     fi
     p99=$(cat "$w/pgb_$name"/log* | awk '{print $3 / 1000}' | sort -g | awk '{v[NR] = $1} END {printf "%.3f", v[int(NR * 0.99) + (NR * 0.99 > int(NR * 0.99))]}')
-    served=$(($(stats scans,worker) - w0)); stale=$(($(stats fallbacks,stale) - s0))
+    served=$(($(stats scans,worker) - w0)); stale=$(($(stats fallbacks,stale) - s0)); fb=$(($(fallbacks) - f0))
+    npatch=$(($(stats residency,patches) - n0))
+    read_pct=$(awk -v a="$(stats residency,patch_read_ms)" -v b="$r0" -v s="$secs" 'BEGIN {printf "%.1f", (a - b) / (10 * s)}')
+    per=$(awk -v a="$(stats residency,patch_ms)" -v b="$t0" -v n="$npatch" 'BEGIN {printf "%.0f", n ? 1000 * (a - b) / n : 0}')
+    slow=$(($(stats residency,slow_syncs) - l0))
+    echo "$name worker waits: $(sort $w/waits_$name | uniq -c | sort -rn | awk '{c = $1; $1 = ""; printf "%s%s %d;", sep, $0, c; sep = " "}')" >>"$out/waits.txt"
     patch=$(awk -v a="$(stats residency,patch_ms)" -v b="$t0" -v s="$secs" 'BEGIN {printf "%.1f", (a - b) / (10 * s)}')
     wcpu=$(awk -v a="$c1" -v b="$c0" -v s="$secs" 'BEGIN {printf "%.0f", 100 * (a - b) / s}')
     cpu=$(awk -v b="$((b1 - b0))" -v a="$((a1 - a0))" 'BEGIN {printf "%.0f", 100 * b / a}')
     rg=-; rc=-
     if [ "$mode" != 0 ]; then rg=$(recall $w/probe_gpu); rc=$(recall $w/probe_cpu); fi
-    printf "$fmt" "$c" "$mode" "$tps" "$wtps" "$p99" "$wlat" "$served" "$stale" $(($(stats residency,patched_pages) - p0)) \
-      "$patch" "$wcpu" "$cpu" $(($(stats residency,log_overflows) - o0)) "$vacuums" "$rg" "$rc" | tee -a "$out/writes.txt"
-    [ $((served * 100)) -ge $(((served + stale) * 95)) ] || fail "$name: the worker served $served scans, $stale went to the CPU as out of date"
-    [ "$rg" = - ] || awk -v g="$rg" -v c="$rc" 'BEGIN {exit !(g >= c - 0.01)}' || fail "$name: recall through the worker $rg, on the CPU $rc"
+    printf "$fmt" "$c" "$mode" "$tps" "$wtps" "$p99" "$wlat" "$served" "$stale" "$fb" $(($(stats residency,patched_pages) - p0)) \
+      "$patch" "$read_pct" "$per" "$slow" "$wcpu" "$cpu" "$vacuums" "$rg" "$rc" | tee -a "$out/writes.txt"
+    [ $(($(stats residency,log_overflows) - o0)) = 0 ] || echo "  $name: the change log overflowed $(($(stats residency,log_overflows) - o0)) times"
+    [ $((served * 100)) -ge $(((served + fb) * 95)) ] || problems+=("$name: the worker served $served scans, $fb went to the CPU ($stale as out of date)")
+    [ "$rg" = - ] || awk -v g="$rg" -v c="$rc" 'BEGIN {exit !(g >= c - 0.01)}' || problems+=("$name: recall through the worker $rg, on the CPU $rc")
   done
 done
 echo "fallbacks: $(q -c "SELECT gpu_graph_worker_stats()->'fallbacks'")"
+cat "$out/waits.txt"
+[ ${#problems[@]} = 0 ] || fail "$(printf '%s; ' "${problems[@]}")"
 echo "residency: $(q -c "SELECT (gpu_graph_worker_stats()->'residency') - 'indexes'::text")"
 
 # freshness: each row found through the worker right after its commit

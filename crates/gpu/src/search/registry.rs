@@ -18,7 +18,7 @@ use super::plan::Sizing;
 use super::server::SearchError;
 use crate::abi::{self, IndexDesc};
 use crate::error::{cuda, GpuError};
-use crate::memory::{device_addr, zeroed};
+use crate::memory::{device_addr, zeroed, Pinned};
 
 /// A resident index, named by every query against it. Stale after unload.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -154,6 +154,8 @@ pub(crate) struct Registry {
     table: CudaSlice<u8>,
     /// Loads, unloads and flag updates, one at a time.
     mgmt: Mutex<Arc<CudaStream>>,
+    /// a patch's bytes on their way to the device (grown as needed)
+    staging: Mutex<Option<Pinned>>,
     next_gen: AtomicU32,
     half_when_exact: bool,
     max_dim: usize,
@@ -167,6 +169,7 @@ impl Registry {
             entries: RwLock::new((0..z.max_indexes).map(|_| Entry::Free).collect()),
             table,
             mgmt: Mutex::new(mgmt),
+            staging: Mutex::new(None),
             next_gen: AtomicU32::new(1),
             half_when_exact,
             max_dim,
@@ -380,16 +383,6 @@ impl Registry {
         if res.fmt.half && !p.rows.iter().all(|r| r.2.iter().all(|x| f16_exact(*x).is_some())) {
             return Ok(false);
         }
-        let mgmt = self.mgmt.lock();
-        let rb = res.fmt.row_bytes();
-        let copy = |what: &str, at: u64, bytes: &[u8]| {
-            // SAFETY: callers keep `at..at + bytes.len()` inside the
-            // index's arrays (checked above against the node count, within
-            // the capacity); the source is pageable and the stream is
-            // synchronised before this returns.
-            unsafe { result::memcpy_htod_async(at, bytes, mgmt.cu_stream()) }
-                .map_err(|e| SearchError::from(cuda(&format!("patching {what}"), e)))
-        };
         // deletions show on the host at once: answers are filtered by it
         for (first, flags, _) in &p.rows {
             for (i, &f) in flags.iter().enumerate() {
@@ -398,29 +391,73 @@ impl Registry {
                 }
             }
         }
+        let grown = p.n != res.n() || p.entry != res.entry.load(Ordering::Acquire);
+        let mgmt = self.mgmt.lock();
+        let mut staging = self.staging.lock();
+        // everything goes through one pinned buffer, each run one DMA copy
+        // on the management stream, in this order: rows, flags, lists, the
+        // table entry; one wait for all (pageable copies cost a staging
+        // copy and a wait each, tens of microseconds per page)
+        let rb = res.fmt.row_bytes();
+        let total: usize = p.rows.iter().map(|r| r.1.len() * (rb + 1)).sum::<usize>()
+            + p.lists.iter().map(|l| l.1.len() * 4).sum::<usize>()
+            + size_of::<IndexDesc>();
+        if staging.as_ref().is_none_or(|s| s.len() < total) {
+            *staging = Some(Pinned::new(mgmt.context(), total.next_power_of_two(), false, "the patch staging")?);
+        }
+        let buf = staging.as_ref().expect("allocated above");
+        // SAFETY: `total` bytes of the pinned buffer, which only this patch
+        // (under the staging lock) touches until its copies are done.
+        let out = unsafe { std::slice::from_raw_parts_mut(buf.ptr(), total) };
+        let mut copies: Vec<(u64, std::ops::Range<usize>)> = Vec::new();
+        let mut at = 0;
+        let mut put = |dst: u64, len: usize, copies: &mut Vec<(u64, std::ops::Range<usize>)>| {
+            copies.push((dst, at..at + len));
+            at += len;
+            at - len..at
+        };
         for (first, flags, vectors) in &p.rows {
-            let encoded = encode_rows(vectors, dim, &res.fmt);
-            copy("the vectors", device_addr(&res.vectors) + (*first as usize * rb) as u64, &encoded)?;
-            copy("the flags", device_addr(&res.d_flags) + *first as u64, flags)?;
+            let r = put(device_addr(&res.vectors) + (*first as usize * rb) as u64, flags.len() * rb, &mut copies);
+            encode_into(&mut out[r], vectors, dim, &res.fmt);
+            let r = put(device_addr(&res.d_flags) + *first as u64, flags.len(), &mut copies);
+            out[r].copy_from_slice(flags);
         }
         for (first, lists) in &p.lists {
-            let at = device_addr(&res.adjacency) + (*first as usize * res.degree * 4) as u64;
-            // SAFETY: u32 ids as bytes
-            let bytes = unsafe { std::slice::from_raw_parts(lists.as_ptr() as *const u8, lists.len() * 4) };
-            copy("the lists", at, bytes)?;
+            let dst = device_addr(&res.adjacency) + (*first as usize * res.degree * 4) as u64;
+            let r = put(dst, lists.len() * 4, &mut copies);
+            for (o, id) in out[r].chunks_exact_mut(4).zip(lists) {
+                o.copy_from_slice(&id.to_ne_bytes());
+            }
+        }
+        if grown {
+            let desc = IndexDesc { n: p.n as u32, entry: p.entry, ..res.desc() };
+            let r = put(
+                self.table_addr() + (res.table as usize * size_of::<IndexDesc>()) as u64,
+                size_of::<IndexDesc>(),
+                &mut copies,
+            );
+            // SAFETY: IndexDesc is plain old data of this size.
+            out[r].copy_from_slice(unsafe {
+                std::slice::from_raw_parts(&desc as *const IndexDesc as *const u8, size_of::<IndexDesc>())
+            });
+        }
+        for (dst, r) in &copies {
+            // SAFETY: each destination lies inside the index's arrays
+            // (checked above against the node count, within the capacity) or
+            // is its table entry; the source is pinned and left alone until
+            // the stream is synchronised below.
+            unsafe { result::memcpy_htod_async(*dst, &out[r.clone()], mgmt.cu_stream()) }
+                .map_err(|e| SearchError::from(cuda("patching an index", e)))?;
         }
         mgmt.synchronize().map_err(|e| SearchError::from(cuda("patching an index", e)))?;
+        drop(staging);
         for (first, flags, _) in &p.rows {
             for (i, &f) in flags.iter().enumerate() {
                 res.flags[*first as usize + i].store(f, Ordering::Relaxed);
             }
         }
-        let grown = p.n != res.n() || p.entry != res.entry.load(Ordering::Acquire);
         res.n.store(p.n, Ordering::Release);
         res.entry.store(p.entry, Ordering::Release);
-        if grown {
-            self.write_desc(&mgmt, res.table as usize, &res.desc())?;
-        }
         Ok(true)
     }
 
@@ -440,9 +477,17 @@ impl Registry {
 
 /// The device rows: fp16 when exact, else fp32, zero-padded to 16 bytes.
 fn encode_rows(vectors: &[f32], dim: usize, fmt: &RowFormat) -> Vec<u8> {
+    let mut rows = vec![0u8; vectors.len() / dim * fmt.row_bytes()];
+    encode_into(&mut rows, vectors, dim, fmt);
+    rows
+}
+
+/// [`encode_rows`] into `out` (zeroed, of their length); in parallel only
+/// when there are many (a patch's few rows would wait for the pool).
+fn encode_into(out: &mut [u8], vectors: &[f32], dim: usize, fmt: &RowFormat) {
     let rb = fmt.row_bytes();
-    let mut rows = vec![0u8; vectors.len() / dim * rb];
-    rows.par_chunks_mut(rb).zip(vectors.par_chunks(dim)).for_each(|(o, v)| {
+    let one = |(o, v): (&mut [u8], &[f32])| {
+        o.fill(0);
         if fmt.half {
             for (i, x) in v.iter().enumerate() {
                 let h = f16_exact(*x).unwrap_or_default();
@@ -453,8 +498,12 @@ fn encode_rows(vectors: &[f32], dim: usize, fmt: &RowFormat) -> Vec<u8> {
                 o[4 * i..4 * i + 4].copy_from_slice(&x.to_le_bytes());
             }
         }
-    });
-    rows
+    };
+    if vectors.len() / dim.max(1) < 4096 {
+        out.chunks_mut(rb).zip(vectors.chunks(dim)).for_each(one);
+    } else {
+        out.par_chunks_mut(rb).zip(vectors.par_chunks(dim)).for_each(one);
+    }
 }
 
 #[cfg(test)]

@@ -7,7 +7,8 @@
 #   0      read-only (the baseline the others are measured against)
 #   N      N inserts/s (pgbench -R)
 #   max    inserts as fast as the index takes them: its insert ceiling
-#   del    1000 inserts/s, 1000 deletes/s and VACUUM in a loop
+#   del    1000 inserts/s, 1000 deletes/s and VACUUM (INDEX_CLEANUP ON:
+#          the index is vacuumed however few rows died) in a loop
 # For each: queries/s, p99 latency, writes/s and their mean latency, scans
 # served by the worker and those that went to the CPU (as out of date, and
 # for any reason), the pages patched into its copy, the share of the
@@ -121,14 +122,14 @@ for c in ${CLIENTS:-64}; do
     writers=(); vacuums=0
     case $mode in
       0) ;;
-      max) pgbench -n -M prepared -c "$iclients" -j "$iclients" -T "$secs" -f $w/insert.sql postgres >"$out/writes_$name.log" 2>&1 &
+      max) pgbench -n -M prepared -c "$iclients" -j "$iclients" -T "$secs" -f $w/insert.sql postgres >"$w/writes_$name.log" 2>&1 &
         writers+=($!) ;;
       del) pgbench -n -M prepared -c "$iclients" -j "$iclients" -R 2000 -T "$secs" -f $w/insert.sql@1 -f $w/delete.sql@1 postgres \
-        >"$out/writes_$name.log" 2>&1 &
+        >"$w/writes_$name.log" 2>&1 &
         writers+=($!)
-        (end=$((SECONDS + secs)); n=0; while [ $SECONDS -lt $end ]; do q -c "VACUUM items"; n=$((n + 1)); done; echo $n >$w/vacuums) &
+        (end=$((SECONDS + secs)); n=0; while [ $SECONDS -lt $end ]; do q -c "VACUUM (INDEX_CLEANUP ON) items"; n=$((n + 1)); done; echo $n >$w/vacuums) &
         writers+=($!) ;;
-      *) pgbench -n -M prepared -c "$iclients" -j "$iclients" -R "$mode" -T "$secs" -f $w/insert.sql postgres >"$out/writes_$name.log" 2>&1 &
+      *) pgbench -n -M prepared -c "$iclients" -j "$iclients" -R "$mode" -T "$secs" -f $w/insert.sql postgres >"$w/writes_$name.log" 2>&1 &
         writers+=($!) ;;
     esac
     # recall of worker and CPU scans while the table is written
@@ -136,16 +137,16 @@ for c in ${CLIENTS:-64}; do
     q -f $w/waits.sql | grep -v '^$' >$w/waits_$name &
     writers+=($!)
     PGOPTIONS="-c gpu_graph.search_device=gpu -c gpu_graph.ef_search=20" pgbench -n -M prepared -c "$c" -j 16 \
-      -T "$secs" -f $w/knn.sql --log --log-prefix="$w/pgb_$name/log" postgres >"$out/search_$name.log" 2>&1 ||
-      { cat "$out/search_$name.log"; fail "pgbench $name"; }
-    for p in "${writers[@]}"; do wait "$p" || { cat "$out/writes_$name.log"; fail "writes $name"; }; done
+      -T "$secs" -f $w/knn.sql --log --log-prefix="$w/pgb_$name/log" postgres >"$w/search_$name.log" 2>&1 ||
+      { cat "$w/search_$name.log"; fail "pgbench $name"; }
+    for p in "${writers[@]}"; do wait "$p" || { cat "$w/writes_$name.log"; fail "writes $name"; }; done
     [ "$mode" = del ] && vacuums=$(cat $w/vacuums)
     read -r b1 a1 < <(busy); c1=$(proc_cpu "$pid")
-    tps=$(awk '/^tps/ {printf "%.0f", $3}' "$out/search_$name.log")
+    tps=$(awk '/^tps/ {printf "%.0f", $3}' "$w/search_$name.log")
     wtps=0; wlat=-
     if [ "$mode" != 0 ]; then
-      wtps=$(awk '/^tps/ {printf "%.0f", $3}' "$out/writes_$name.log")
-      wlat=$(awk '/^latency average/ {print $4}' "$out/writes_$name.log")
+      wtps=$(awk '/^tps/ {printf "%.0f", $3}' "$w/writes_$name.log")
+      wlat=$(awk '/^latency average/ {print $4}' "$w/writes_$name.log")
     fi
     p99=$(cat "$w/pgb_$name"/log* | awk '{print $3 / 1000}' | sort -g | awk '{v[NR] = $1} END {printf "%.3f", v[int(NR * 0.99) + (NR * 0.99 > int(NR * 0.99))]}')
     served=$(($(stats scans,worker) - w0)); stale=$(($(stats fallbacks,stale) - s0)); fb=$(($(fallbacks) - f0))

@@ -154,8 +154,10 @@ pub(crate) struct Registry {
     table: CudaSlice<u8>,
     /// Loads, unloads and flag updates, one at a time.
     mgmt: Mutex<Arc<CudaStream>>,
-    /// a patch's bytes on their way to the device (grown as needed)
-    staging: Mutex<Option<Pinned>>,
+    /// a patch's bytes on their way to the device: pinned once, before the
+    /// kernel starts (freeing or pinning host memory while it runs may wait
+    /// for the device, which the persistent kernel never leaves idle)
+    staging: Mutex<Pinned>,
     next_gen: AtomicU32,
     half_when_exact: bool,
     max_dim: usize,
@@ -165,11 +167,12 @@ pub(crate) struct Registry {
 impl Registry {
     pub fn new(z: &Sizing, max_dim: usize, half_when_exact: bool, mgmt: Arc<CudaStream>) -> Result<Registry, GpuError> {
         let table = zeroed(&mgmt, z.max_indexes * size_of::<IndexDesc>(), "the index table")?;
+        let mgmt_ctx = &mgmt.context().clone();
         Ok(Registry {
             entries: RwLock::new((0..z.max_indexes).map(|_| Entry::Free).collect()),
             table,
             mgmt: Mutex::new(mgmt),
-            staging: Mutex::new(None),
+            staging: Mutex::new(Pinned::new(mgmt_ctx, PATCH_STAGING, false, "the patch staging")?),
             next_gen: AtomicU32::new(1),
             half_when_exact,
             max_dim,
@@ -393,63 +396,32 @@ impl Registry {
         }
         let grown = p.n != res.n() || p.entry != res.entry.load(Ordering::Acquire);
         let mgmt = self.mgmt.lock();
-        let mut staging = self.staging.lock();
-        // everything goes through one pinned buffer, each run one DMA copy
-        // on the management stream, in this order: rows, flags, lists, the
-        // table entry; one wait for all (pageable copies cost a staging
-        // copy and a wait each, tens of microseconds per page)
+        let staging = self.staging.lock();
+        // in this order: rows, flags, lists, the table entry (see above)
+        let mut up = Upload::new(&mgmt, &staging);
         let rb = res.fmt.row_bytes();
-        let total: usize = p.rows.iter().map(|r| r.1.len() * (rb + 1)).sum::<usize>()
-            + p.lists.iter().map(|l| l.1.len() * 4).sum::<usize>()
-            + size_of::<IndexDesc>();
-        if staging.as_ref().is_none_or(|s| s.len() < total) {
-            *staging = Some(Pinned::new(mgmt.context(), total.next_power_of_two(), false, "the patch staging")?);
-        }
-        let buf = staging.as_ref().expect("allocated above");
-        // SAFETY: `total` bytes of the pinned buffer, which only this patch
-        // (under the staging lock) touches until its copies are done.
-        let out = unsafe { std::slice::from_raw_parts_mut(buf.ptr(), total) };
-        let mut copies: Vec<(u64, std::ops::Range<usize>)> = Vec::new();
-        let mut at = 0;
-        let mut put = |dst: u64, len: usize, copies: &mut Vec<(u64, std::ops::Range<usize>)>| {
-            copies.push((dst, at..at + len));
-            at += len;
-            at - len..at
-        };
         for (first, flags, vectors) in &p.rows {
-            let r = put(device_addr(&res.vectors) + (*first as usize * rb) as u64, flags.len() * rb, &mut copies);
-            encode_into(&mut out[r], vectors, dim, &res.fmt);
-            let r = put(device_addr(&res.d_flags) + *first as u64, flags.len(), &mut copies);
-            out[r].copy_from_slice(flags);
+            let at = device_addr(&res.vectors) + (*first as usize * rb) as u64;
+            up.put(at, flags.len() * rb, |o| encode_into(o, vectors, dim, &res.fmt))?;
+            up.put(device_addr(&res.d_flags) + *first as u64, flags.len(), |o| o.copy_from_slice(flags))?;
         }
         for (first, lists) in &p.lists {
-            let dst = device_addr(&res.adjacency) + (*first as usize * res.degree * 4) as u64;
-            let r = put(dst, lists.len() * 4, &mut copies);
-            for (o, id) in out[r].chunks_exact_mut(4).zip(lists) {
-                o.copy_from_slice(&id.to_ne_bytes());
-            }
+            let at = device_addr(&res.adjacency) + (*first as usize * res.degree * 4) as u64;
+            up.put(at, lists.len() * 4, |o| {
+                for (o, id) in o.chunks_exact_mut(4).zip(lists) {
+                    o.copy_from_slice(&id.to_ne_bytes());
+                }
+            })?;
         }
         if grown {
             let desc = IndexDesc { n: p.n as u32, entry: p.entry, ..res.desc() };
-            let r = put(
-                self.table_addr() + (res.table as usize * size_of::<IndexDesc>()) as u64,
-                size_of::<IndexDesc>(),
-                &mut copies,
-            );
+            let at = self.table_addr() + (res.table as usize * size_of::<IndexDesc>()) as u64;
             // SAFETY: IndexDesc is plain old data of this size.
-            out[r].copy_from_slice(unsafe {
-                std::slice::from_raw_parts(&desc as *const IndexDesc as *const u8, size_of::<IndexDesc>())
-            });
+            let bytes =
+                unsafe { std::slice::from_raw_parts(&desc as *const IndexDesc as *const u8, size_of::<IndexDesc>()) };
+            up.put(at, bytes.len(), |o| o.copy_from_slice(bytes))?;
         }
-        for (dst, r) in &copies {
-            // SAFETY: each destination lies inside the index's arrays
-            // (checked above against the node count, within the capacity) or
-            // is its table entry; the source is pinned and left alone until
-            // the stream is synchronised below.
-            unsafe { result::memcpy_htod_async(*dst, &out[r.clone()], mgmt.cu_stream()) }
-                .map_err(|e| SearchError::from(cuda("patching an index", e)))?;
-        }
-        mgmt.synchronize().map_err(|e| SearchError::from(cuda("patching an index", e)))?;
+        up.flush()?;
         drop(staging);
         for (first, flags, _) in &p.rows {
             for (i, &f) in flags.iter().enumerate() {
@@ -472,6 +444,67 @@ impl Registry {
     /// The management stream, for the server's own one-off copies.
     pub fn mgmt(&self) -> parking_lot::MutexGuard<'_, Arc<CudaStream>> {
         self.mgmt.lock()
+    }
+}
+
+/// Bytes of pinned memory a patch goes through; larger patches wait for
+/// one part's copies before they fill the next.
+const PATCH_STAGING: usize = 4 << 20;
+
+/// A patch's copies to the device: packed into the pinned staging buffer,
+/// each one DMA copy on the management stream (a pageable copy costs a
+/// staging copy and a wait of its own: tens of microseconds per page), one
+/// wait for all of them when the buffer is full or the patch done.
+struct Upload<'a> {
+    stream: &'a Arc<CudaStream>,
+    buf: &'a Pinned,
+    used: usize,
+    copies: Vec<(u64, std::ops::Range<usize>)>,
+}
+
+impl<'a> Upload<'a> {
+    fn new(stream: &'a Arc<CudaStream>, buf: &'a Pinned) -> Upload<'a> {
+        Upload { stream, buf, used: 0, copies: Vec::new() }
+    }
+
+    /// Copies `len` bytes, written by `fill`, to device address `at`.
+    fn put(&mut self, at: u64, len: usize, fill: impl FnOnce(&mut [u8])) -> Result<(), SearchError> {
+        if len > self.buf.len() {
+            // larger than the whole buffer: a pageable copy of its own
+            let mut bytes = vec![0u8; len];
+            fill(&mut bytes);
+            self.flush()?;
+            // SAFETY: the caller's destination; the source is pageable,
+            // copied out when the call returns, and waited for in flush.
+            unsafe { result::memcpy_htod_async(at, &bytes, self.stream.cu_stream()) }
+                .map_err(|e| SearchError::from(cuda("patching an index", e)))?;
+            return self.flush();
+        }
+        if self.used + len > self.buf.len() {
+            self.flush()?;
+        }
+        // SAFETY: bytes used..used + len of the pinned buffer, which only
+        // this upload (under the staging lock) touches until flushed.
+        let out = unsafe { std::slice::from_raw_parts_mut(self.buf.ptr().add(self.used), len) };
+        fill(out);
+        self.copies.push((at, self.used..self.used + len));
+        self.used += len;
+        Ok(())
+    }
+
+    /// Issues the copies gathered and waits for them (and any before).
+    fn flush(&mut self) -> Result<(), SearchError> {
+        for (at, r) in self.copies.drain(..) {
+            // SAFETY: destinations inside the index's arrays or its table
+            // entry (the caller's checks); the source stays untouched until
+            // the wait below.
+            let src = unsafe { std::slice::from_raw_parts(self.buf.ptr().add(r.start), r.len()) };
+            // SAFETY: as above.
+            unsafe { result::memcpy_htod_async(at, src, self.stream.cu_stream()) }
+                .map_err(|e| SearchError::from(cuda("patching an index", e)))?;
+        }
+        self.used = 0;
+        self.stream.synchronize().map_err(|e| SearchError::from(cuda("patching an index", e)))
     }
 }
 

@@ -20,6 +20,7 @@ pub extern "C-unwind" fn _PG_init() {
     hide_rust_backtraces();
     gucs::register();
     am::options::register();
+    worker::register_callbacks();
     // SAFETY: a plain read of a flag PostgreSQL sets while it loads
     // shared_preload_libraries, on the process's only thread.
     if unsafe { pg_sys::process_shared_preload_libraries_in_progress } {

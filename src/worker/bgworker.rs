@@ -280,7 +280,8 @@ impl Worker {
 
     /// Takes every submitted request; whether there was one. The copies
     /// follow the change log after the requests are taken and before any
-    /// is searched: each sees every change committed before it was submitted.
+    /// is searched, when one needs changes not read yet: each sees every
+    /// change committed before it was submitted.
     fn take_requests(&mut self) -> Result<bool, String> {
         let mut taken = std::mem::take(&mut self.taken);
         taken.clear();
@@ -289,7 +290,15 @@ impl Worker {
                 taken.push((i, seq));
             }
         }
-        if !taken.is_empty() {
+        // what the requests need of the log (a standby's, u64::MAX: none;
+        // their copies go by the generation)
+        let need = taken
+            .iter()
+            // SAFETY: just taken (WORKING): no one writes these requests.
+            .map(|&(i, _)| unsafe { self.shared.slots()[i].request() }.need)
+            .filter(|&n| n != u64::MAX)
+            .max();
+        if need.is_some_and(|n| self.residency.behind(n, self.shared)) {
             // SAFETY: the worker's main thread, as in `serve`.
             unsafe { self.residency.sync(&self.device, self.shared)? };
         }
@@ -316,7 +325,7 @@ impl Worker {
             self.device.inject_fault();
         }
         let query = &req.query[..req.dim as usize];
-        let work = match self.residency.lookup(Key::of(req), req.generation) {
+        let work = match self.residency.lookup(Key::of(req), req.generation, req.need) {
             Lookup::Ready(r) => match self.device.start(&r.handle, query, req.k as usize, req.ef as usize) {
                 Ok(Start::Done(hits)) => Work::Done(Ok(hits)),
                 Ok(Start::Pending(p)) => Work::Gpu(p),

@@ -14,8 +14,17 @@
 //! Each entry carries a stamp, its sequence number + 1, stored last (a
 //! seqlock): a reader takes an entry only when the stamp says it is whole
 //! and still the one it wants.
+//!
+//! A transaction that noted changes publishes the log's head just before it
+//! commits (an xact callback): `published` then covers every change of
+//! every committed transaction. A request carries the published position
+//! its backend read at submission, so the worker patches its copies only
+//! when a request needs changes it has not read yet, not every time an
+//! insert in progress writes one more page (an insert writes about ten, one
+//! at a time, over a millisecond or more): a patch covers whole inserts, and
+//! several when they come fast.
 
-use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use pgrx::pg_sys;
@@ -32,6 +41,9 @@ pub const CAPACITY: usize = 1 << 16;
 pub struct ChangeLog {
     /// entries ever noted (the next one's sequence number)
     head: AtomicU64,
+    /// the head as the last committing writer saw it: every change of a
+    /// committed transaction is below it
+    published: AtomicU64,
     entries: [Entry; CAPACITY],
 }
 
@@ -79,6 +91,16 @@ impl ChangeLog {
         self.head.load(Ordering::Acquire)
     }
 
+    /// Every change noted so far is below `published` from now on.
+    fn publish(&self) {
+        self.published.fetch_max(self.head(), Ordering::AcqRel);
+    }
+
+    /// What a request submitted now needs its copy to have read up to.
+    pub fn published(&self) -> u64 {
+        self.published.load(Ordering::Acquire)
+    }
+
     /// Appends the changes from sequence number `from` on to `out`; the
     /// sequence number to read from next time.
     pub fn read(&self, from: u64, out: &mut Vec<Change>) -> Result<u64, Overflow> {
@@ -121,6 +143,9 @@ impl ChangeLog {
     }
 }
 
+/// Whether this process noted changes its transaction has not published.
+static UNPUBLISHED: AtomicBool = AtomicBool::new(false);
+
 /// Notes that `blocks` of `rel` changed (a backend's Xlog, before it lets
 /// go of the buffers). Nothing when gpu_graph is not preloaded (no worker).
 ///
@@ -128,11 +153,34 @@ impl ChangeLog {
 /// `rel` must be an open relation.
 pub unsafe fn note(rel: pg_sys::Relation, blocks: &[u32]) {
     let Some(s) = shared() else { return };
+    UNPUBLISHED.store(true, Ordering::Relaxed);
     // SAFETY: an open relation's rd_node (the caller's contract).
     let n = unsafe { (*rel).rd_node };
     let key = Key { spc: n.spcNode.to_u32(), db: n.dbNode.to_u32(), rel: n.relNode.to_u32() };
     for &block in blocks {
         s.changes.note(Change { key, block });
+    }
+}
+
+/// Registers [`before_commit`] (from _PG_init, in every process that loads
+/// gpu_graph).
+pub fn register() {
+    // SAFETY: called while the library loads, on the process's only
+    // thread; the callback lives as long as the library.
+    unsafe { pg_sys::RegisterXactCallback(Some(before_commit), std::ptr::null_mut()) };
+}
+
+/// Publishes this process's changes just before its transaction (or a
+/// parallel worker's part of one, or a PREPARE) commits.
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn before_commit(event: pg_sys::XactEvent::Type, _arg: *mut std::ffi::c_void) {
+    use pg_sys::XactEvent::*;
+    if matches!(event, XACT_EVENT_PRE_COMMIT | XACT_EVENT_PARALLEL_PRE_COMMIT | XACT_EVENT_PRE_PREPARE)
+        && UNPUBLISHED.swap(false, Ordering::Relaxed)
+    {
+        if let Some(s) = shared() {
+            s.changes.publish();
+        }
     }
 }
 
@@ -163,6 +211,18 @@ mod tests {
         l.note(change(5, 9));
         assert_eq!(l.read(next, &mut out), Ok(3));
         assert_eq!(out, vec![change(5, 9)]);
+    }
+
+    #[test]
+    fn published_covers_what_was_noted_before() {
+        let l = log();
+        l.note(change(5, 1));
+        assert_eq!(l.published(), 0);
+        l.publish();
+        l.note(change(5, 2));
+        assert_eq!(l.published(), 1);
+        l.publish();
+        assert_eq!(l.published(), 2);
     }
 
     #[test]

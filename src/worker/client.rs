@@ -150,6 +150,8 @@ unsafe fn ask(index: pg_sys::Relation, meta: &Meta, query: &[f32], ef: usize) ->
         r.permanent = persistence == pg_sys::RELPERSISTENCE_PERMANENT;
         r.fault = INJECT_FAULT.get();
         r.generation = meta.generation;
+        // SAFETY: reads shared memory's recovery state; any backend may.
+        r.need = if unsafe { pg_sys::RecoveryInProgress() } { u64::MAX } else { shared.changes.published() };
         r.ef = ef.min(MAX_HITS) as u32;
         r.k = r.ef;
         r.delay_ms = WORKER_DELAY.get() as u32;

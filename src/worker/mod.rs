@@ -54,6 +54,12 @@ pub fn cpu_after_worker() {
     stats::add(&stats::counters().cpu_after_worker, 1);
 }
 
+/// From _PG_init in every process: a transaction that wrote index pages
+/// publishes them to the worker before it commits (see `changes`).
+pub fn register_callbacks() {
+    changes::register();
+}
+
 /// From _PG_init while shared_preload_libraries loads: shared memory, and
 /// the worker when it is wanted.
 pub fn preload() {

@@ -6,7 +6,7 @@
 use gpu_graph_gpu::search::Patch;
 use pgrx::pg_sys;
 
-use super::changes::Change;
+use super::changes::{Change, CAPACITY};
 use super::device::{Device, Handle};
 use super::image::{patch, Begin, File, GpuPatch, Key, Loader};
 use super::outcome::Outcome;
@@ -50,16 +50,22 @@ pub struct Residency {
 }
 
 impl Residency {
-    pub fn lookup(&mut self, key: Key, generation: u64) -> Lookup<'_> {
+    /// The copy of `key` for a request that read the meta page's
+    /// `generation` and needs the change log read up to `need`.
+    pub fn lookup(&mut self, key: Key, generation: u64, need: u64) -> Lookup<'_> {
         self.clock += 1;
         if self.unfit.iter().any(|&(k, g)| k == key && g >= generation) {
             return Lookup::Unfit;
         }
+        let followed = self.applied.is_some_and(|a| a >= need);
         match self.residents.iter_mut().find(|r| r.key == key) {
             // a copy newer than the backend's view is as good: every node is
             // checked against the pages, and rows the backend cannot see are
-            // filtered by the executor's visibility check
-            Some(r) if r.generation >= generation => {
+            // filtered by the executor's visibility check. So is one that
+            // follows the log (generation 0: it does not) and has every
+            // change committed before the request: an insert in progress
+            // may have moved the generation on already
+            Some(r) if r.generation >= generation || (r.generation != 0 && followed) => {
                 r.used = self.clock;
                 Lookup::Ready(r)
             }
@@ -99,6 +105,17 @@ impl Residency {
         self.make_room(bytes, limit, device, shared);
         self.publish(shared);
         self.loading = Some(l);
+    }
+
+    /// Whether requests that need the log read up to `need` must wait for a
+    /// [`Residency::sync`]: the log holds published changes not read yet,
+    /// or a quarter of its room unread (a long transaction's writes, which
+    /// no request needs yet, must not overflow it).
+    pub fn behind(&self, need: u64, shared: &Shared) -> bool {
+        match self.applied {
+            None => true,
+            Some(a) => need > a || shared.changes.head().saturating_sub(a) > CAPACITY as u64 / 4,
+        }
     }
 
     /// Brings the copies up to date with the change log: called after a

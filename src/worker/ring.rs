@@ -85,6 +85,10 @@ pub struct Request {
     pub fault: bool,
     /// the meta page's generation the backend read
     pub generation: u64,
+    /// the change log's published position at submission: the copy must
+    /// have read the log up to here (u64::MAX on a standby, where WAL
+    /// replay writes the pages: the generation alone tells)
+    pub need: u64,
     pub k: u32,
     pub ef: u32,
     /// gpu_graph.worker_delay, milliseconds

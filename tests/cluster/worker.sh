@@ -270,6 +270,23 @@ stale=$(($(stat fallbacks,stale) - stale))
 echo "  rows found through the worker right after their commit: $found/100 ($served served by it, $stale out of date)"
 [ "$found" = 100 ] && [ "$served" = 100 ] || fail "fresh rows: $found/100 found, $served/100 served by the worker"
 
+# an insert in progress (not committed) has moved the index's generation
+# on and written pages: scans still get the worker's copy, which holds
+# every committed change, rather than the CPU as out of date
+q -c "BEGIN" -c "INSERT INTO items VALUES (2000500, ARRAY[0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5]::real[])" \
+  -c "SELECT pg_sleep(4)" -c "COMMIT" >/dev/null &
+open_insert=$!
+sleep 1
+before=$(stat scans,worker)
+stale=$(stat fallbacks,stale)
+for _ in $(seq 1 20); do echo "SELECT count(*) FROM (SELECT 1 FROM items ORDER BY v <-> '{0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8}' LIMIT 10) s;"; done >"$work/during.sql"
+q -c "$GPU" -f "$work/during.sql" >/dev/null
+served=$(($(stat scans,worker) - before))
+stale=$(($(stat fallbacks,stale) - stale))
+wait $open_insert
+echo "  with an insert in progress: $served/20 scans served by the worker, $stale out of date"
+[ "$served" = 20 ] || fail "with an insert in progress the worker served $served of 20 scans ($stale out of date)"
+
 # more page writes than the log holds (12,000 rows, ~10 pages each) while
 # the worker is stopped: it reads an overflow, refreshes its copy whole,
 # and answers right (the checks below run on that copy)

@@ -3,11 +3,11 @@
 //! queries run.
 
 use std::mem::size_of;
-use std::sync::atomic::{AtomicU32, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cudarc::driver::{result, CudaSlice, CudaStream};
+use cudarc::driver::{result, CudaEvent, CudaSlice, CudaStream};
 use gpu_graph_engine::flat::FlatIndex;
 use gpu_graph_engine::metric::Metric;
 use gpu_graph_engine::node;
@@ -158,6 +158,11 @@ pub(crate) struct Registry {
     /// kernel starts (freeing or pinning host memory while it runs may wait
     /// for the device, which the persistent kernel never leaves idle)
     staging: Mutex<Pinned>,
+    /// recorded after each patch's copies, which queries submitted after
+    /// the patch wait for on their own streams (the worker never waits for
+    /// a patch to land); how many patches were recorded
+    patched: CudaEvent,
+    patch_epoch: AtomicU64,
     next_gen: AtomicU32,
     half_when_exact: bool,
     max_dim: usize,
@@ -173,6 +178,8 @@ impl Registry {
             table,
             mgmt: Mutex::new(mgmt),
             staging: Mutex::new(Pinned::new(mgmt_ctx, PATCH_STAGING, false, "the patch staging")?),
+            patched: mgmt_ctx.new_event(None).map_err(|e| cuda("creating an event", e))?,
+            patch_epoch: AtomicU64::new(0),
             next_gen: AtomicU32::new(1),
             half_when_exact,
             max_dim,
@@ -397,6 +404,9 @@ impl Registry {
         let grown = p.n != res.n() || p.entry != res.entry.load(Ordering::Acquire);
         let mgmt = self.mgmt.lock();
         let staging = self.staging.lock();
+        // the last patch's copies have left the staging buffer (long since,
+        // as a rule)
+        self.patched.synchronize().map_err(|e| SearchError::from(cuda("patching an index", e)))?;
         // in this order: rows, flags, lists, the table entry (see above)
         let mut up = Upload::new(&mgmt, &staging);
         let rb = res.fmt.row_bytes();
@@ -421,8 +431,13 @@ impl Registry {
                 unsafe { std::slice::from_raw_parts(&desc as *const IndexDesc as *const u8, size_of::<IndexDesc>()) };
             up.put(at, bytes.len(), |o| o.copy_from_slice(bytes))?;
         }
-        up.flush()?;
+        up.issue()?;
+        self.patched.record(&mgmt).map_err(|e| SearchError::from(cuda("patching an index", e)))?;
+        self.patch_epoch.fetch_add(1, Ordering::AcqRel);
         drop(staging);
+        // new rows are answers from now on: a query already on the device
+        // may reach a reused node before its row has landed, but every
+        // answer is checked against the index's pages by the backend
         for (first, flags, _) in &p.rows {
             for (i, &f) in flags.iter().enumerate() {
                 res.flags[*first as usize + i].store(f, Ordering::Relaxed);
@@ -439,6 +454,12 @@ impl Registry {
             *e = Entry::Free;
         }
         let _ = self.mgmt.lock().synchronize();
+    }
+
+    /// How many patches were issued, and the event after the last one's
+    /// copies: a query submitted now is ordered after it.
+    pub fn patched(&self) -> (u64, &CudaEvent) {
+        (self.patch_epoch.load(Ordering::Acquire), &self.patched)
     }
 
     /// The management stream, for the server's own one-off copies.
@@ -494,6 +515,13 @@ impl<'a> Upload<'a> {
 
     /// Issues the copies gathered and waits for them (and any before).
     fn flush(&mut self) -> Result<(), SearchError> {
+        self.issue()?;
+        self.used = 0;
+        self.stream.synchronize().map_err(|e| SearchError::from(cuda("patching an index", e)))
+    }
+
+    /// Issues the copies gathered, without waiting.
+    fn issue(&mut self) -> Result<(), SearchError> {
         for (at, r) in self.copies.drain(..) {
             // SAFETY: destinations inside the index's arrays or its table
             // entry (the caller's checks); the source stays untouched until
@@ -503,8 +531,7 @@ impl<'a> Upload<'a> {
             unsafe { result::memcpy_htod_async(at, src, self.stream.cu_stream()) }
                 .map_err(|e| SearchError::from(cuda("patching an index", e)))?;
         }
-        self.used = 0;
-        self.stream.synchronize().map_err(|e| SearchError::from(cuda("patching an index", e)))
+        Ok(())
     }
 }
 

@@ -427,7 +427,13 @@ impl Inner {
             None => return Err(SearchError::Busy),
         };
         let mut st = this.slots.state(slot);
-        match this.slots.send(slot, &mut st, &res, query, k, plan) {
+        // the index's patches so far land before this query starts
+        let (epoch, patched) = this.registry.patched();
+        let sent = this
+            .slots
+            .order_after(slot, epoch, patched)
+            .and_then(|()| this.slots.send(slot, &mut st, &res, query, k, plan));
+        match sent {
             Ok(cmd) => Ok(Ticket { inner: Arc::downgrade(this), slot, cmd, done: false }),
             Err(why) => {
                 this.slots.release(slot, &mut st);

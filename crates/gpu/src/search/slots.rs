@@ -18,11 +18,11 @@
 //!   busy slots stay hot; each host thread prefers its own group.
 
 use std::cell::Cell;
-use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use cudarc::driver::sys::{self, CUresult};
-use cudarc::driver::{result, CudaContext, CudaSlice, CudaStream};
+use cudarc::driver::{result, CudaContext, CudaEvent, CudaSlice, CudaStream};
 use parking_lot::{Mutex, MutexGuard};
 
 use super::launch::err_name;
@@ -65,6 +65,8 @@ pub(crate) struct SlotState {
 struct Group {
     stream: Arc<CudaStream>,
     free: Mutex<Vec<u32>>,
+    /// the patches (Registry::patched) this stream is ordered after
+    waited: AtomicU64,
 }
 
 pub(crate) struct Slots {
@@ -100,7 +102,11 @@ impl Slots {
             let (lo, hi) = (g * slots / groups, (g + 1) * slots / groups);
             group_of[lo..hi].fill(g as u16);
             let stream = ctx.new_stream().map_err(|e| cuda("creating a slot stream", e))?;
-            gs.push(Group { stream, free: Mutex::new((lo as u32..hi as u32).rev().collect()) });
+            gs.push(Group {
+                stream,
+                free: Mutex::new((lo as u32..hi as u32).rev().collect()),
+                waited: AtomicU64::new(0),
+            });
         }
         let s = Slots {
             states: (0..slots).map(|_| Mutex::new(SlotState::default())).collect(),
@@ -190,6 +196,17 @@ impl Slots {
             let w = self.finish.ptr().add(slot as usize * FINISH_STRIDE_WORDS * 4) as *const AtomicU32;
             (*w).load(Ordering::Acquire)
         }
+    }
+
+    /// Orders what is sent on `slot`'s stream from now on after the copies
+    /// of patch `epoch`, whose event is `patched` (Err: the driver's error).
+    pub fn order_after(&self, slot: u32, epoch: u64, patched: &CudaEvent) -> Result<(), String> {
+        let g = &self.groups[self.group_of[slot as usize] as usize];
+        if epoch > g.waited.load(Ordering::Acquire) {
+            g.stream.wait(patched).map_err(|e| format!("waiting for a patch: {e:?}"))?;
+            g.waited.fetch_max(epoch, Ordering::AcqRel);
+        }
+        Ok(())
     }
 
     /// Writes a slot word on the slot's group stream (Err: the driver's error).

@@ -247,9 +247,11 @@ impl Worker {
                 }
             }
             let took = self.take_requests()?;
-            if !took {
-                // idle: the copies follow the writes anyway, so a quiet
-                // spell of writes does not overflow the log
+            if !took && self.residency.behind(self.shared.changes.published(), self.shared) {
+                // idle: the copies take the committed writes now (the next
+                // request will not wait for them), and a quiet spell of
+                // writes does not overflow the log; not each page of an
+                // insert in progress (see `changes`)
                 // SAFETY: the worker's main thread, with a resource owner.
                 unsafe { self.residency.sync(&self.device, self.shared)? };
             }

@@ -247,11 +247,14 @@ impl Worker {
                 }
             }
             let took = self.take_requests()?;
-            if !took && self.residency.behind(self.shared.changes.published(), self.shared) {
-                // idle: the copies take the committed writes now (the next
-                // request will not wait for them), and a quiet spell of
-                // writes does not overflow the log; not each page of an
-                // insert in progress (see `changes`)
+            if !took {
+                // idle: the copies take every page written so far, even of
+                // inserts in progress, so that the request that needs them
+                // finds little left to patch (patching only what is
+                // published when idle kept 64-77% of the read-only
+                // queries/s at 1,000 inserts/s against 89-92%, in two H100
+                // runs, docs/benchmarks.md), and a quiet spell of writes
+                // does not overflow the log
                 // SAFETY: the worker's main thread, with a resource owner.
                 unsafe { self.residency.sync(&self.device, self.shared)? };
             }

@@ -474,8 +474,9 @@ const PATCH_STAGING: usize = 4 << 20;
 
 /// A patch's copies to the device: packed into the pinned staging buffer,
 /// each one DMA copy on the management stream (a pageable copy costs a
-/// staging copy and a wait of its own: tens of microseconds per page), one
-/// wait for all of them when the buffer is full or the patch done.
+/// staging copy and a wait of its own: tens of microseconds per page); a
+/// wait only when the buffer is full, the last part issued unwaited (the
+/// patch's event orders the queries after it).
 struct Upload<'a> {
     stream: &'a Arc<CudaStream>,
     buf: &'a Pinned,
@@ -542,7 +543,7 @@ fn encode_rows(vectors: &[f32], dim: usize, fmt: &RowFormat) -> Vec<u8> {
     rows
 }
 
-/// [`encode_rows`] into `out` (zeroed, of their length); in parallel only
+/// [`encode_rows`] into `out` (of their length); in parallel only
 /// when there are many (a patch's few rows would wait for the pool).
 fn encode_into(out: &mut [u8], vectors: &[f32], dim: usize, fmt: &RowFormat) {
     let rb = fmt.row_bytes();

@@ -4,8 +4,10 @@
 #
 #   bash scripts/regress.sh [--accept] [TEST...]
 #
-# TEST: names of tests/pg_regress/sql/*.sql without .sql (default: all, in the
-# order of tests/pg_regress/schedule when that file exists, else by name).
+# TEST: names of tests/pg_regress/sql/*.sql without .sql (default: all but
+# those named pgvector*, which need pgvector installed and run when named
+# (scripts/test.sh does, when it is), in the order of
+# tests/pg_regress/schedule when that file exists, else by name).
 # Expected output is tests/pg_regress/expected/TEST.out. On failure the diffs
 # are printed and the results kept (the path is printed).
 # --accept: copy each run test's actual output into expected/ (for a new or
@@ -41,7 +43,9 @@ elif [ -f "$suite/schedule" ]; then
   select=(--schedule="$suite/schedule")
   read -r -a names <<<"$(sed -n 's/^[[:space:]]*test:[[:space:]]*//p' "$suite/schedule" | tr '\n' ' ')"
 else
-  for f in "$suite"/sql/*.sql; do [ -e "$f" ] && select+=("$(basename "$f" .sql)"); done
+  for f in "$suite"/sql/*.sql; do
+    case "$(basename "$f")" in pgvector*) ;; *) [ -e "$f" ] && select+=("$(basename "$f" .sql)") ;; esac
+  done
   names=("${select[@]}")
 fi
 [ ${#names[@]} -gt 0 ] || gg_die "no tests in $suite/sql"

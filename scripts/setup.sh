@@ -10,7 +10,9 @@
 # 3. `cargo pgrx init --pg15 <Debian's pg_config>`, unless ~/.pgrx/config.toml
 #    already names pg15
 # 4. `cargo pgrx install --release` into Debian's PostgreSQL 15 (as root, it
-#    writes into /usr/lib/postgresql/15/lib and /usr/share/postgresql/15)
+#    writes into /usr/lib/postgresql/15/lib and /usr/share/postgresql/15),
+#    and the gpu_graph_pgvector extension's control and SQL files (sql/pgvector:
+#    operator classes for pgvector's types, usable once pgvector is installed)
 #
 # Quiet on success apart from one line per thing it installs. On failure it
 # prints the failing step's output. GG_VERBOSE=1 shows every step's output.
@@ -78,3 +80,10 @@ cd "$GG_ROOT"
 install_flags=(--release --pg-config "$PG_CONFIG")
 [ "$(id -u)" = 0 ] || install_flags+=(--sudo)   # PostgreSQL's folders belong to root
 step "cargo pgrx install --release (build and install gpu_graph)" cargo pgrx install "${install_flags[@]}"
+ext=$("$PG_CONFIG" --sharedir)/extension
+pgvector_files=(sql/pgvector/gpu_graph_pgvector.control sql/pgvector/gpu_graph_pgvector--*.sql)
+if [ "$(id -u)" = 0 ]; then
+  step "install gpu_graph_pgvector into $ext" install -m 644 "${pgvector_files[@]}" "$ext/"
+else
+  step "install gpu_graph_pgvector into $ext" sudo install -m 644 "${pgvector_files[@]}" "$ext/"
+fi

@@ -12,7 +12,9 @@
 #    the host-kernel ABI, plans, the search kernel's CPU model; the
 #    benchmark runner)
 # 4. pg_regress: tests/pg_regress/sql/*.sql against a throwaway cluster with
-#    the installed extension (scripts/regress.sh); then the cluster-level tests
+#    the installed extension (scripts/regress.sh); pgvector.sql (pgvector's
+#    vector and halfvec columns) where pgvector is installed, else counted
+#    as skipped; then the cluster-level tests
 #    in tests/cluster (WAL replay on a replica and after a crash, concurrency)
 # 5. pgrx tests: the extension's #[pg_test]s (`cargo pgrx test`, in a cluster
 #    run as the postgres OS user). It installs a build with the test functions
@@ -23,7 +25,7 @@
 #    with NVRTC (no GPU needed)
 #
 # Every suite runs even when an earlier one fails. The last line is
-# `N passed, N failed` (suites); the exit status is non-zero on any failure.
+# `N passed, N failed, N skipped` (suites); the exit status is non-zero on any failure.
 set -euo pipefail
 # shellcheck source=scripts/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -53,6 +55,12 @@ suite() {
   echo "==== $name: ${results[-1]}"
 }
 
+skipped=0
+skip() {
+  names+=("$1")
+  results+=("skipped: $2")
+  skipped=$((skipped + 1))
+}
 not_run() {
   names+=("$1")
   results+=("FAILED, not run: $2")
@@ -107,6 +115,13 @@ fi
 suite "crate tests" cargo test --release --workspace --exclude gpu_graph
 if [ $setup_ok = 1 ]; then
   suite "pg_regress" bash scripts/regress.sh
+  # pgvector's types: only where pgvector is installed (built from its
+  # source; Debian 12 has no package for PostgreSQL 15)
+  if [ -f "$("$PG_CONFIG" --sharedir)/extension/vector.control" ]; then
+    suite "pgvector" bash scripts/regress.sh pgvector
+  else
+    skip "pgvector" "pgvector not installed"
+  fi
   for t in tests/cluster/*.sh; do
     suite "$(basename "$t" .sh)" bash "$t"
   done
@@ -124,5 +139,5 @@ echo "==== summary"
 for i in "${!names[@]}"; do
   printf '%-16s %s\n' "${names[$i]}" "${results[$i]}"
 done
-echo "$passed passed, $failed failed"
+echo "$passed passed, $failed failed, $skipped skipped"
 [ $failed = 0 ] && [ $setup_ok = 1 ]

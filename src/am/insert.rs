@@ -11,6 +11,7 @@ use super::vector::{at_tid, check_dim, check_encodable, check_storage, checked};
 use crate::storage::codec::tid_to_payload;
 use crate::storage::meta::Meta;
 use crate::storage::page_store::PageStore;
+use crate::types::pgvector::Column;
 
 /// Beam of the neighbour search for a new row: wider than a query's because
 /// the new node's list is built from it once and kept.
@@ -32,13 +33,14 @@ pub unsafe extern "C-unwind" fn aminsert(
 ) -> bool {
     // SAFETY: PostgreSQL calls aminsert with the open, locked gpu_graph index,
     // the datum and null flag of its one column and the new row's heap TID;
-    // a non-null datum of a real[] column is a real[] datum.
+    // a non-null datum of the column is of its operator class's type.
     unsafe {
         if *isnull {
             return false;
         }
         let whence = || at_tid(heap_tid);
-        let v = checked(*values, &whence);
+        let v = checked(Column::of_index(index), *values, &whence);
+        let v = &*v;
         let mut meta = Meta::read(index);
         if meta.dim == 0 {
             // an index built on an empty table takes its dimensions from the first row

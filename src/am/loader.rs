@@ -22,6 +22,7 @@ use pgrx::prelude::*;
 use super::parallel_scan::Stream;
 use super::vector::{at_tid, check_dim, checked};
 use crate::storage::codec::tid_to_payload;
+use crate::types::pgvector::Column;
 
 /// What the participants of a parallel scan share, in its shared memory.
 #[repr(C)]
@@ -289,7 +290,9 @@ impl Loader {
         progress: bool,
         overflow: Option<Stream>,
     ) -> f64 {
-        let mut scanning = Scanning { loader: self, overflow };
+        // SAFETY: ambuild's open index (the caller's contract).
+        let column = unsafe { Column::of_index(index) };
+        let mut scanning = Scanning { loader: self, column, overflow };
         // SAFETY: the caller's contract; the callback gets `scanning` as its
         // state, which outlives the scan and is used by nothing else
         // meanwhile.
@@ -315,6 +318,8 @@ impl Loader {
 /// A loader during its scan, with where its rows go once it is paged.
 struct Scanning<'l, 's> {
     loader: &'l mut Loader,
+    /// the index column's type, which its datums have
+    column: Column,
     overflow: Option<Stream<'s>>,
 }
 
@@ -353,14 +358,14 @@ unsafe extern "C-unwind" fn load_callback(
     // SAFETY: table_index_build_scan passes the heap tuple's TID and the
     // datum and null flag of the index's one column, and `state` is the
     // Scanning that Loader::scan gave it, alive and not otherwise borrowed
-    // during the scan. A non-null datum of a real[] column is a real[] datum.
+    // during the scan. A non-null datum of the column is of its type.
     unsafe {
         if *isnull {
             return; // NULL vectors are not indexed
         }
         let scanning = &mut *(state as *mut Scanning);
         let whence = || at_tid(tid);
-        let v = checked(*values, &whence);
-        scanning.add(v, tid_to_payload(&*tid), &whence);
+        let v = checked(scanning.column, *values, &whence);
+        scanning.add(&v, tid_to_payload(&*tid), &whence);
     }
 }

@@ -306,7 +306,10 @@ pub unsafe fn metric(index: pg_sys::Relation) -> Metric {
     match name.as_str() {
         "l2_distance" => Metric::L2,
         "cosine_distance" => Metric::Cosine,
-        "negative_inner_product" => Metric::InnerProduct,
+        // pgvector's names for its types' <#>
+        "negative_inner_product" | "vector_negative_inner_product" | "halfvec_negative_inner_product" => {
+            Metric::InnerProduct
+        }
         other => error!("gpu_graph: operator class uses an unknown distance function \"{other}\""),
     }
 }

@@ -19,6 +19,7 @@ use crate::gucs::{IterativeScan, EF_SEARCH, ITERATIVE_SCAN};
 use crate::storage::codec::payload_to_tid;
 use crate::storage::meta::Meta;
 use crate::storage::page_store::PageStore;
+use crate::types::pgvector::Column;
 use crate::worker;
 
 struct ScanState {
@@ -135,7 +136,7 @@ unsafe fn start(scan: pg_sys::IndexScanDesc, st: &mut ScanState) {
             vec![0.0; meta.dim as usize]
         } else {
             let whence = String::new;
-            let v = checked(key.sk_argument, &whence);
+            let v = checked(Column::of_index(index), key.sk_argument, &whence);
             check_dim(meta.dim as usize, v.len(), &whence);
             v.to_vec()
         };

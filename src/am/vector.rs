@@ -1,11 +1,14 @@
 //! The checks a vector passes before the index takes it, the same for
 //! CREATE INDEX, INSERT and the query of a scan.
 
+use std::borrow::Cow;
+
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 
 use crate::storage::layout::Element;
-use crate::types::array::{non_finite, real_array, MAX_DIM};
+use crate::types::array::{non_finite, real_array};
+use crate::types::pgvector::{self, Column};
 
 /// Where a vector came from, for error messages: " (row (0,5))" or "".
 ///
@@ -24,23 +27,32 @@ fn data_error(msg: String) -> ! {
     ereport!(ERROR, PgSqlErrorCode::ERRCODE_DATA_EXCEPTION, msg);
 }
 
-/// The vector in `datum`, or an ERROR that says what is wrong and where.
+/// The vector in `datum`, a value of the index's `column` type, or an
+/// ERROR that says what is wrong and where.
 ///
 /// # Safety
-/// `datum` must be a non-null real[] datum.
-pub unsafe fn checked<'a>(datum: pg_sys::Datum, whence: &dyn Fn() -> String) -> &'a [f32] {
-    // SAFETY: `datum` is a non-null real[] datum (the caller's contract).
-    let v = match unsafe { real_array(datum) } {
-        Ok(v) => v,
-        Err(e) => data_error(format!("{}{}", e.message(), whence())),
+/// `datum` must be a non-null datum of `column`'s type.
+pub unsafe fn checked<'a>(column: Column, datum: pg_sys::Datum, whence: &dyn Fn() -> String) -> Cow<'a, [f32]> {
+    let v: Cow<'a, [f32]> = match column {
+        // SAFETY: `datum` is a non-null datum of `column`'s type (the
+        // caller's contract).
+        Column::Real => match unsafe { real_array(datum) } {
+            Ok(v) => Cow::Borrowed(v),
+            Err(e) => data_error(format!("{}{}", e.message(), whence())),
+        },
+        // SAFETY: as above.
+        Column::Vector => Cow::Borrowed(unsafe { pgvector::vector(datum) }),
+        // SAFETY: as above.
+        Column::HalfVec => Cow::Owned(unsafe { pgvector::halfvec(datum) }),
     };
     if v.is_empty() {
         data_error(format!("gpu_graph vectors must have at least 1 dimension{}", whence()));
     }
-    if v.len() > MAX_DIM {
-        data_error(format!("gpu_graph vectors can have at most {MAX_DIM} dimensions, not {}{}", v.len(), whence()));
+    let max = column.max_dim();
+    if v.len() > max {
+        data_error(format!("gpu_graph vectors can have at most {max} dimensions, not {}{}", v.len(), whence()));
     }
-    if let Some(x) = non_finite(v) {
+    if let Some(x) = non_finite(&v) {
         data_error(format!("gpu_graph vectors must not contain NaN or infinity, found {x}{}", whence()));
     }
     v

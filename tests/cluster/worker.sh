@@ -318,6 +318,26 @@ n=$(q -c "$GPU" -c "
   SELECT count(*) || '/' || count(DISTINCT id) FROM (SELECT id FROM items ORDER BY v <-> '{0.5,0.5,0.5,0.5,0.5,0.5,0.5,0.5}' LIMIT 1000000) s" | tail -n 1)
 [ "$n" = "$rows/$rows" ] || fail "a full scan returned $n rows/distinct for $rows rows"
 
+echo "7b. a pgvector column through the worker"
+if [ -f "$("$PG_CONFIG" --sharedir)/extension/vector.control" ]; then
+  q -c "SET client_min_messages = warning" -c "CREATE EXTENSION vector" -c "CREATE EXTENSION gpu_graph_pgvector" \
+    -c "CREATE TABLE hv (id int, h halfvec(2))" \
+    -c "INSERT INTO hv SELECT i, ARRAY[i / 100, i % 100]::halfvec FROM generate_series(0, 9999) i" \
+    -c "CREATE INDEX hv_idx ON hv USING gpu_graph (h halfvec_l2_ops)"
+  for ((i = 0; i < 50; i++)); do
+    q -c "$GPU" -c "SELECT 1 FROM hv ORDER BY h <-> '[1,1]' LIMIT 1" >/dev/null
+    [ "$(q -c "SELECT gpu_graph_info('hv_idx') #>> '{search,resident}' IS NOT NULL")" = t ] && break
+    sleep 0.1
+  done
+  before=$(stat scans,worker)
+  got=$(q -c "$GPU" -c "SELECT string_agg(id::text, ',') FROM (SELECT id FROM hv ORDER BY h <-> '[40.1,60.2]' LIMIT 3) s" | tail -n 1)
+  [ "$(stat scans,worker)" -gt "$before" ] || fail "the halfvec scan was not served by the worker"
+  [ "$got" = "4060,4061,4160" ] || fail "the halfvec scan through the worker answered $got"
+  echo "  halfvec_l2_ops served by the worker, nearest to [40.1,60.2]: $got"
+else
+  echo "  skipped: pgvector not installed"
+fi
+
 echo "8. gpu_memory_limit"
 # grid's copy takes 3600 × (2 × 4 + 32 × 4 + 1) = 493,200 bytes: two fit in
 # 1 MB, three do not; big's 12000 × (8 × 4 + 16 × 4 + 1) bytes never fit

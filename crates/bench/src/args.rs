@@ -42,11 +42,21 @@ index and sweep
   --load-only           load the table (COPY + ANALYZE) and stop
   --column-storage S    ALTER COLUMN embedding SET STORAGE S (plain, main,
                         external, extended) before the load
+  --column TYPE         the column's type: real (real[], the default), vector
+                        or halfvec (pgvector's; needs pgvector and the
+                        gpu_graph_pgvector extension installed)
+  --compare hnsw        then pgvector's HNSW on the same column (vector or
+                        halfvec): its build and the same sweep of
+                        hnsw.ef_search, reported beside gpu_graph's
+  --hnsw-options TEXT   WITH (TEXT) of the HNSW build (default m = 16,
+                        ef_construction = 64)
   --delete-fraction F   after the build, DELETE a pseudo-random share F of the
                         rows and VACUUM; recall is then measured against the
                         exact neighbours among the remaining rows, and any
                         deleted row returned is an error
-  --csv FILE            write the results as CSV
+  --csv FILE            write the results as CSV (with --compare, also a
+                        chart of recall against queries/s of both: FILE
+                        with .svg for its extension)
 
 connection (defaults from PGHOST, PGPORT, PGDATABASE, PGUSER)
   --host DIR|NAME  --port N  --dbname NAME  --user NAME
@@ -57,6 +67,25 @@ pub enum Ef {
     /// The server's gpu_graph.ef_search (RESET, then SHOW).
     Default,
     Value(u32),
+}
+
+/// The type of the benchmark table's vector column.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Column {
+    Real,
+    Vector,
+    HalfVec,
+}
+
+impl Column {
+    /// The operator class prefix, and what pgvector calls the type.
+    pub fn name(self) -> &'static str {
+        match self {
+            Column::Real => "real",
+            Column::Vector => "vector",
+            Column::HalfVec => "halfvec",
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -81,6 +110,9 @@ pub struct Args {
     pub skip_build: bool,
     pub load_only: bool,
     pub column_storage: Option<String>,
+    pub column: Column,
+    pub compare_hnsw: bool,
+    pub hnsw_options: String,
     pub delete_fraction: Option<f64>,
     pub csv: Option<PathBuf>,
     pub host: String,
@@ -146,6 +178,9 @@ pub fn parse(argv: &[String]) -> Result<Option<Args>, String> {
         skip_build: false,
         load_only: false,
         column_storage: None,
+        column: Column::Real,
+        compare_hnsw: false,
+        hnsw_options: "m = 16, ef_construction = 64".into(),
         delete_fraction: None,
         csv: None,
         host: env_or("PGHOST", "/var/run/postgresql"),
@@ -178,6 +213,17 @@ pub fn parse(argv: &[String]) -> Result<Option<Args>, String> {
         match flag {
             "--dataset" => a.dataset = Some(v.into()),
             "--column-storage" => a.column_storage = Some(v.into()),
+            "--column" => {
+                a.column = match v {
+                    "real" => Column::Real,
+                    "vector" => Column::Vector,
+                    "halfvec" => Column::HalfVec,
+                    _ => return Err(format!("--column: expected real, vector or halfvec, got `{v}`")),
+                }
+            }
+            "--compare" if v == "hnsw" => a.compare_hnsw = true,
+            "--compare" => return Err(format!("--compare: only `hnsw` is known, got `{v}`")),
+            "--hnsw-options" => a.hnsw_options = v.into(),
             "--data" => a.data_dir = v.into(),
             "--base" => a.base = Some(v.into()),
             "--query" => a.query = Some(v.into()),
@@ -226,6 +272,12 @@ pub fn parse(argv: &[String]) -> Result<Option<Args>, String> {
     {
         return Err(format!("--table: `{}` is not a plain SQL identifier", a.table));
     }
+    if a.compare_hnsw && a.column == Column::Real {
+        return Err("--compare hnsw needs a pgvector column: --column vector or halfvec".into());
+    }
+    if a.compare_hnsw && a.delete_fraction.is_some() {
+        return Err("--compare hnsw and --delete-fraction do not go together".into());
+    }
     if matches!(a.rows, Some(0)) || matches!(a.queries, Some(0)) {
         return Err("--rows and --queries must be at least 1".into());
     }
@@ -265,6 +317,11 @@ mod tests {
         assert!(parse(&argv("--dataset x --rows")).is_err());
         assert!(parse(&argv("--dataset x --table a;b")).is_err());
         assert!(parse(&argv("--dataset x --bogus 1")).is_err());
+        assert!(parse(&argv("--dataset x --column text")).is_err());
+        assert!(parse(&argv("--dataset x --compare hnsw")).is_err());
+        assert!(parse(&argv("--dataset x --column vector --compare ivf")).is_err());
+        let a = parse(&argv("--dataset x --column halfvec --compare hnsw")).unwrap().unwrap();
+        assert!(a.column == Column::HalfVec && a.compare_hnsw);
         assert!(parse(&argv("--help")).unwrap().is_none());
     }
 }

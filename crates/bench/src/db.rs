@@ -1,19 +1,43 @@
 //! Everything the benchmark says to PostgreSQL.
 
-use crate::args::Args;
+use crate::args::{Args, Column};
 use crate::data::Vectors;
 use gpu_graph_engine::metric::Metric;
+use pgvector::{HalfVector, Vector};
 use postgres::binary_copy::BinaryCopyInWriter;
-use postgres::types::Type;
+use postgres::types::{ToSql, Type};
 use postgres::{Client, Config, NoTls, Statement};
 use std::time::{Duration, Instant};
 
-/// The SQL operator and gpu_graph operator class of a metric.
-pub fn operator(metric: Metric) -> (&'static str, &'static str) {
-    match metric {
-        Metric::L2 => ("<->", "real_l2_ops"),
-        Metric::Cosine => ("<=>", "real_cosine_ops"),
-        Metric::InnerProduct => ("<#>", "real_ip_ops"),
+/// The SQL operator of a metric, and the operator class on a column of
+/// that type: gpu_graph's (`real_l2_ops`; for pgvector's types those of
+/// gpu_graph_pgvector), which are also pgvector's HNSW class names.
+pub fn operator(metric: Metric, column: Column) -> (&'static str, String) {
+    let (op, name) = match metric {
+        Metric::L2 => ("<->", "l2"),
+        Metric::Cosine => ("<=>", "cosine"),
+        Metric::InnerProduct => ("<#>", "ip"),
+    };
+    (op, format!("{}_{name}_ops", column.name()))
+}
+
+/// The column's SQL type for `dim` dimensions.
+pub fn sql_type(column: Column, dim: usize) -> String {
+    match column {
+        Column::Real => "real[]".into(),
+        c => format!("{}({dim})", c.name()),
+    }
+}
+
+/// A query vector as a parameter of the column's type (pgvector's types
+/// through the pgvector crate).
+pub type Param = Box<dyn ToSql + Sync + Send>;
+
+pub fn param(column: Column, q: &[f32]) -> Param {
+    match column {
+        Column::Real => Box::new(q.to_vec()),
+        Column::Vector => Box::new(Vector::from(q.to_vec())),
+        Column::HalfVec => Box::new(HalfVector::from_f32_slice(q)),
     }
 }
 
@@ -80,28 +104,49 @@ pub fn exec(c: &mut Client, sql: &str) -> Result<(), String> {
 const QUIET_ON: &str = "SET client_min_messages = warning;";
 const QUIET_OFF: &str = "RESET client_min_messages;";
 
-/// (Re)creates `table(id int, embedding real[])` and fills it by binary COPY
+/// The extensions a run needs: gpu_graph, and for pgvector's types vector
+/// and gpu_graph_pgvector.
+pub fn extensions(c: &mut Client, column: Column) -> Result<(), String> {
+    exec(c, "CREATE EXTENSION IF NOT EXISTS gpu_graph")?;
+    if column != Column::Real {
+        exec(c, "CREATE EXTENSION IF NOT EXISTS vector; CREATE EXTENSION IF NOT EXISTS gpu_graph_pgvector")?;
+    }
+    Ok(())
+}
+
+/// (Re)creates `table(id int, embedding TYPE)` and fills it by binary COPY
 /// with ids 0..n-1 in row order.
 /// `storage`: the column's SET STORAGE, when not the default (extended).
-pub fn load(c: &mut Client, table: &str, base: &Vectors, storage: Option<&str>) -> Result<Duration, String> {
+pub fn load(
+    c: &mut Client,
+    table: &str,
+    base: &Vectors,
+    storage: Option<&str>,
+    column: Column,
+) -> Result<Duration, String> {
     let t = Instant::now();
+    extensions(c, column)?;
+    let ty = sql_type(column, base.dim);
     exec(
         c,
-        &format!(
-            "{QUIET_ON} DROP TABLE IF EXISTS {table}; {QUIET_OFF} CREATE TABLE {table} (id int, embedding real[])"
-        ),
+        &format!("{QUIET_ON} DROP TABLE IF EXISTS {table}; {QUIET_OFF} CREATE TABLE {table} (id int, embedding {ty})"),
     )?;
     if let Some(s) = storage {
         exec(c, &format!("ALTER TABLE {table} ALTER COLUMN embedding SET STORAGE {s}"))?;
     }
+    // pgvector's types have no fixed OID: the server says which
+    let column_type = match column {
+        Column::Real => Type::FLOAT4_ARRAY,
+        c2 => prepare(c, &format!("SELECT $1::{}", c2.name()))?.params()[0].clone(),
+    };
     let sink = c
         .copy_in(&format!("COPY {table} (id, embedding) FROM STDIN (FORMAT binary)"))
         .map_err(|e| format!("COPY: {}", pg_err(&e)))?;
-    let mut w = BinaryCopyInWriter::new(sink, &[Type::INT4, Type::FLOAT4_ARRAY]);
+    let mut w = BinaryCopyInWriter::new(sink, &[Type::INT4, column_type]);
     for i in 0..base.len() {
         let id = i as i32;
-        let v: &[f32] = base.row(i);
-        w.write(&[&id, &v]).map_err(|e| format!("COPY row {i}: {}", pg_err(&e)))?;
+        let v = param(column, base.row(i));
+        w.write(&[&id, &*v]).map_err(|e| format!("COPY row {i}: {}", pg_err(&e)))?;
     }
     w.finish().map_err(|e| format!("COPY: {}", pg_err(&e)))?;
     exec(c, &format!("ANALYZE {table}"))?;
@@ -122,18 +167,20 @@ pub fn relation_size(c: &mut Client, rel: &str) -> Result<i64, String> {
     Ok(row.get(0))
 }
 
-/// CREATE EXTENSION if needed, then (re)builds the index; returns its wall time.
+/// CREATE EXTENSION if needed, then (re)builds the index with access method
+/// `am` (gpu_graph, or hnsw); returns its wall time.
 pub fn build(
     c: &mut Client,
     table: &str,
     index: &str,
+    am: &str,
     opclass: &str,
     options: Option<&str>,
 ) -> Result<Duration, String> {
     exec(c, "CREATE EXTENSION IF NOT EXISTS gpu_graph")?;
     exec(c, &format!("{QUIET_ON} DROP INDEX IF EXISTS {index}; {QUIET_OFF}"))?;
     let with = options.map(|o| format!(" WITH ({o})")).unwrap_or_default();
-    let sql = format!("CREATE INDEX {index} ON {table} USING gpu_graph (embedding {opclass}){with}");
+    let sql = format!("CREATE INDEX {index} ON {table} USING {am} (embedding {opclass}){with}");
     println!("{sql}");
     // the build's report (device, phase times) is a DEBUG1 message
     exec(c, "SET client_min_messages = debug1")?;
@@ -144,24 +191,46 @@ pub fn build(
     built.map(|_| took)
 }
 
-/// Sets gpu_graph.ef_search (None: the server's default) and returns the value
-/// in force.
-pub fn set_ef(c: &mut Client, ef: Option<u32>) -> Result<String, String> {
-    // A session loads the extension's library at its first call into it;
-    // before that, gpu_graph.* are placeholders and SHOW after RESET says "".
-    exec(c, "SELECT l2_distance('{0}'::real[], '{0}'::real[])")?;
-    match ef {
-        Some(v) => exec(c, &format!("SET gpu_graph.ef_search = {v}"))?,
-        None => exec(c, "RESET gpu_graph.ef_search")?,
+/// The setting that widens a search: gpu_graph's, or pgvector HNSW's.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum EfSetting {
+    GpuGraph,
+    Hnsw,
+}
+
+impl EfSetting {
+    pub fn name(self) -> &'static str {
+        match self {
+            EfSetting::GpuGraph => "gpu_graph.ef_search",
+            EfSetting::Hnsw => "hnsw.ef_search",
+        }
     }
-    let row = c
-        .query_one("SHOW gpu_graph.ef_search", &[])
-        .map_err(|e| format!("SHOW gpu_graph.ef_search: {}", pg_err(&e)))?;
+}
+
+/// Sets the ef_search setting (None: the server's default) and returns the
+/// value in force.
+pub fn set_ef(c: &mut Client, setting: EfSetting, ef: Option<u32>) -> Result<String, String> {
+    // A session loads an extension's library at its first call into it;
+    // before that, its settings are placeholders and SHOW after RESET says "".
+    exec(
+        c,
+        match setting {
+            EfSetting::GpuGraph => "SELECT l2_distance('{0}'::real[], '{0}'::real[])",
+            EfSetting::Hnsw => "SELECT '[1]'::vector",
+        },
+    )?;
+    let name = setting.name();
+    match ef {
+        Some(v) => exec(c, &format!("SET {name} = {v}"))?,
+        None => exec(c, &format!("RESET {name}"))?,
+    }
+    let row = c.query_one(&format!("SHOW {name}"), &[]).map_err(|e| format!("SHOW {name}: {}", pg_err(&e)))?;
     Ok(row.get(0))
 }
 
-pub fn knn_sql(table: &str, op: &str, k: usize) -> String {
-    format!("SELECT id, embedding {op} $1::real[] AS d FROM {table} ORDER BY embedding {op} $1::real[] LIMIT {k}")
+pub fn knn_sql(table: &str, op: &str, k: usize, column: Column) -> String {
+    let ty = if column == Column::Real { "real[]" } else { column.name() };
+    format!("SELECT id, embedding {op} $1::{ty} AS d FROM {table} ORDER BY embedding {op} $1::{ty} LIMIT {k}")
 }
 
 pub fn prepare(c: &mut Client, sql: &str) -> Result<Statement, String> {
@@ -172,9 +241,9 @@ pub fn prepare(c: &mut Client, sql: &str) -> Result<Statement, String> {
 pub type Answer = Vec<(i32, f64)>;
 
 /// One query: its answer and its latency.
-pub fn run_query(c: &mut Client, st: &Statement, q: &[f32]) -> Result<(Answer, Duration), String> {
+pub fn run_query(c: &mut Client, st: &Statement, q: &Param) -> Result<(Answer, Duration), String> {
     let t = Instant::now();
-    let rows = c.query(st, &[&q]).map_err(|e| format!("query: {}", pg_err(&e)))?;
+    let rows = c.query(st, &[&**q]).map_err(|e| format!("query: {}", pg_err(&e)))?;
     let dt = t.elapsed();
     let out = rows
         .iter()
@@ -187,8 +256,9 @@ pub fn run_query(c: &mut Client, st: &Statement, q: &[f32]) -> Result<(Answer, D
 }
 
 /// The plan of one k-NN query, for a line saying whether the index serves it.
-pub fn explain(c: &mut Client, sql: &str, q: &[f32]) -> Result<Vec<String>, String> {
-    let rows = c.query(&format!("EXPLAIN (COSTS OFF) {sql}"), &[&q]).map_err(|e| format!("EXPLAIN: {}", pg_err(&e)))?;
+pub fn explain(c: &mut Client, sql: &str, q: &Param) -> Result<Vec<String>, String> {
+    let rows =
+        c.query(&format!("EXPLAIN (COSTS OFF) {sql}"), &[&**q]).map_err(|e| format!("EXPLAIN: {}", pg_err(&e)))?;
     Ok(rows.iter().map(|r| r.get::<_, String>(0)).collect())
 }
 

@@ -9,12 +9,13 @@
 //! checked against the same computation and disagreements are reported.
 
 mod args;
+mod chart;
 mod data;
 mod db;
 
 use args::{Args, Ef};
 use data::{Truth, Vectors};
-use db::Answer;
+use db::{Answer, EfSetting, Param};
 use gpu_graph_engine::metric::Metric;
 use gpu_graph_engine::recall;
 use std::io::Write;
@@ -52,7 +53,7 @@ struct Point {
 fn run(a: &Args) -> Result<(), String> {
     let spec = spec_of(a)?;
     let metric = spec.metric;
-    let (op, opclass) = db::operator(metric);
+    let (op, opclass) = db::operator(metric, a.column);
     let mut c = db::connect(a, true)?; // first, to fail fast
     let (base, queries, base_rows_in_file) = read_data(a, &spec)?;
     println!(
@@ -69,7 +70,7 @@ fn run(a: &Args) -> Result<(), String> {
     let (mut gt, gt_source) = data::ground_truth(&spec, &base, base_rows_in_file, &queries, a.k)?;
     println!("ground truth: {gt_source}");
     let index = format!("{}_embedding_idx", a.table);
-    let (build_s, index_bytes) = load_and_build(&mut c, a, &base, &index, opclass)?;
+    let (build_s, index_bytes) = load_and_build(&mut c, a, &base, &index, &opclass)?;
     let mut deleted = std::collections::HashSet::new();
     if let Some(f) = a.delete_fraction {
         let t = Instant::now();
@@ -84,16 +85,52 @@ fn run(a: &Args) -> Result<(), String> {
         gt = data::ground_truth_without(&base, &deleted, &queries, metric, a.k);
         println!("ground truth: brute force over the {} remaining rows", base.len() - deleted.len());
     }
-    let sql = db::knn_sql(&a.table, op, a.k);
-    show_plan(&mut c, &sql, &queries, &index)?;
+    let sql = db::knn_sql(&a.table, op, a.k, a.column);
+    let params: Vec<Param> = (0..queries.len()).map(|i| db::param(a.column, queries.row(i))).collect();
+    show_plan(&mut c, &sql, &params[0], &index)?;
     drop(c);
-    let points = sweep(a, &sql, metric, &base, &queries, &gt, &deleted)?;
+    let sweep_of = |setting| sweep(a, setting, &sql, metric, &base, &queries, &params, &gt, &deleted);
+    let mut runs = vec![Run { index: "gpu_graph", build_s, index_bytes, points: sweep_of(EfSetting::GpuGraph)? }];
+    if a.compare_hnsw {
+        // pgvector's HNSW on the same column, alone (the planner would pick one)
+        let mut c = db::connect(a, true)?;
+        db::exec(&mut c, &format!("DROP INDEX {index}"))?;
+        let hnsw = format!("{}_hnsw_idx", a.table);
+        let took = db::build(&mut c, &a.table, &hnsw, "hnsw", &opclass, Some(&a.hnsw_options))?.as_secs_f64();
+        let bytes = db::relation_size(&mut c, &hnsw)?;
+        println!("hnsw build: {took:.2} s, index {}", mib(bytes));
+        show_plan(&mut c, &sql, &params[0], &hnsw)?;
+        drop(c);
+        runs.push(Run { index: "hnsw", build_s: Some(took), index_bytes: bytes, points: sweep_of(EfSetting::Hnsw)? });
+    }
     if let Some(path) = &a.csv {
-        write_csv(path, a, &spec.name, &base, metric, build_s, index_bytes, &points)
-            .map_err(|e| format!("{}: {e}", path.display()))?;
+        write_csv(path, a, &spec.name, &base, metric, &runs).map_err(|e| format!("{}: {e}", path.display()))?;
         println!("\nwrote {}", path.display());
+        if runs.len() > 1 {
+            let svg = path.with_extension("svg");
+            let title = format!(
+                "{}, {} rows, {} ({}), recall@{} against queries/s",
+                spec.name,
+                base.len(),
+                metric.name(),
+                a.column.name(),
+                a.k
+            );
+            let series: Vec<(&str, Vec<(f64, f64)>)> =
+                runs.iter().map(|r| (r.index, r.points.iter().map(|p| (p.recall, p.qps)).collect())).collect();
+            std::fs::write(&svg, chart::svg(&title, &series)).map_err(|e| format!("{}: {e}", svg.display()))?;
+            println!("wrote {}", svg.display());
+        }
     }
     Ok(())
+}
+
+/// One index's build and sweep.
+struct Run {
+    index: &'static str,
+    build_s: Option<f64>,
+    index_bytes: i64,
+    points: Vec<Point>,
 }
 
 /// The files and metric a run reads: a known set, or the given files.
@@ -158,7 +195,7 @@ fn load_and_build(
         }
         println!("load: skipped (table {} holds {n} rows)", a.table);
     } else {
-        let t = db::load(c, &a.table, base, a.column_storage.as_deref())?;
+        let t = db::load(c, &a.table, base, a.column_storage.as_deref(), a.column)?;
         let size = db::relation_size(c, &a.table)?;
         println!("load (COPY + ANALYZE): {:.2} s, table {}", t.as_secs_f64(), mib(size));
     }
@@ -169,7 +206,8 @@ fn load_and_build(
         println!("build: skipped (reusing {index})");
         None
     } else {
-        Some(db::build(c, &a.table, index, opclass, a.index_options.as_deref())?.as_secs_f64())
+        db::extensions(c, a.column)?;
+        Some(db::build(c, &a.table, index, "gpu_graph", opclass, a.index_options.as_deref())?.as_secs_f64())
     };
     let index_bytes = db::relation_size(c, index)?;
     match build_s {
@@ -180,8 +218,8 @@ fn load_and_build(
 }
 
 /// Prints the plan's nodes, and a warning when it does not use the index.
-fn show_plan(c: &mut postgres::Client, sql: &str, queries: &Vectors, index: &str) -> Result<(), String> {
-    let plan = db::explain(c, sql, queries.row(0))?;
+fn show_plan(c: &mut postgres::Client, sql: &str, q: &Param, index: &str) -> Result<(), String> {
+    let plan = db::explain(c, sql, q)?;
     let uses_index = plan.iter().any(|l| l.contains(&format!("Index Scan using {index}")));
     // the plan nodes only: their detail lines repeat the whole query vector
     let nodes: Vec<&str> = plan
@@ -199,25 +237,31 @@ fn show_plan(c: &mut postgres::Client, sql: &str, queries: &Vectors, index: &str
 
 /// Every ef_search setting over all clients: the table, a few answers, and
 /// the measurements. A deleted row returned is an error.
+#[allow(clippy::too_many_arguments)]
 fn sweep(
     a: &Args,
+    setting: EfSetting,
     sql: &str,
     metric: Metric,
     base: &Vectors,
     queries: &Vectors,
+    params: &[Param],
     gt: &[Truth],
     deleted: &std::collections::HashSet<i32>,
 ) -> Result<Vec<Point>, String> {
     let mut clients: Vec<postgres::Client> = (0..a.clients).map(|_| db::connect(a, false)).collect::<Result<_, _>>()?;
     let (mut points, mut last_answers) = (Vec::new(), Vec::new());
     println!();
+    if a.compare_hnsw {
+        println!("{}:", setting.name());
+    }
     let recall_k = format!("recall@{}", a.k);
     println!(
         "{:>10} {:>10} {:>11} {:>9} {:>8} {:>8}",
         "ef_search", recall_k, "queries/s", "mean ms", "p50 ms", "p99 ms"
     );
     for (i, ef) in a.ef.iter().enumerate() {
-        let (p, answers) = sweep_point(a, &mut clients, sql, *ef, metric, base, queries, gt)?;
+        let (p, answers) = sweep_point(a, &mut clients, setting, sql, *ef, metric, base, queries, params, gt)?;
         let returned_deleted = answers.iter().flatten().filter(|r| deleted.contains(&r.0)).count();
         if returned_deleted > 0 {
             return Err(format!("ef_search {}: {returned_deleted} deleted rows returned", p.ef));
@@ -241,11 +285,13 @@ fn sweep(
 fn sweep_point(
     a: &Args,
     clients: &mut [postgres::Client],
+    setting: EfSetting,
     sql: &str,
     ef: Ef,
     metric: Metric,
     base: &Vectors,
     queries: &Vectors,
+    params: &[Param],
     gt: &[Truth],
 ) -> Result<(Point, Vec<Answer>), String> {
     let mut ef_shown = String::new();
@@ -253,14 +299,15 @@ fn sweep_point(
     for c in clients.iter_mut() {
         ef_shown = db::set_ef(
             c,
+            setting,
             match ef {
                 Ef::Default => None,
                 Ef::Value(v) => Some(v),
             },
         )?;
         statements.push(db::prepare(c, sql)?);
-        for qi in 0..a.warmup.div_ceil(a.clients).min(queries.len()) {
-            db::run_query(c, statements.last().unwrap(), queries.row(qi))?;
+        for q in params.iter().take(a.warmup.div_ceil(a.clients)) {
+            db::run_query(c, statements.last().unwrap(), q)?;
         }
     }
     let ef_label = match ef {
@@ -282,7 +329,7 @@ fn sweep_point(
                 s.spawn(move || {
                     let mut out = Vec::with_capacity(nq / nc + 1);
                     for qi in (ci..nq).step_by(nc) {
-                        let (rows, dt) = db::run_query(c, st, queries.row(qi))?;
+                        let (rows, dt) = db::run_query(c, st, &params[qi])?;
                         out.push((qi, rows, dt));
                     }
                     Ok(out)
@@ -375,38 +422,49 @@ fn mib(bytes: i64) -> String {
     format!("{:.1} MiB", bytes as f64 / (1024.0 * 1024.0))
 }
 
-#[allow(clippy::too_many_arguments)]
 fn write_csv(
     path: &std::path::Path,
     a: &Args,
     dataset: &str,
     base: &Vectors,
     metric: Metric,
-    build_s: Option<f64>,
-    index_bytes: i64,
-    points: &[Point],
+    runs: &[Run],
 ) -> std::io::Result<()> {
     let mut f = std::io::BufWriter::new(std::fs::File::create(path)?);
-    // index_options last: it is the one field that may hold commas (quoted)
-    writeln!(f, "dataset,rows,dims,metric,clients,k,build_s,index_bytes,ef_search,recall,qps,mean_ms,p50_ms,p99_ms,index_options")?;
-    let opts = a.index_options.as_deref().unwrap_or("").replace('"', "\"\"");
-    for p in points {
-        writeln!(
-            f,
-            "{dataset},{},{},{},{},{},{},{index_bytes},{},{:.4},{:.1},{:.3},{:.3},{:.3},\"{opts}\"",
-            base.len(),
-            base.dim,
-            metric.name(),
-            a.clients,
-            a.k,
-            build_s.map(|s| format!("{s:.3}")).unwrap_or_default(),
-            p.ef.trim_end_matches('*'),
-            p.recall,
-            p.qps,
-            p.mean_ms,
-            p.p50_ms,
-            p.p99_ms
-        )?;
+    // index_options: the one field that may hold commas (quoted); the
+    // column type and the index kind after it, so earlier columns keep
+    // their places for the scripts that read them
+    writeln!(
+        f,
+        "dataset,rows,dims,metric,clients,k,build_s,index_bytes,ef_search,recall,qps,mean_ms,p50_ms,p99_ms,index_options,column,index"
+    )?;
+    for r in runs {
+        let opts = match r.index {
+            "hnsw" => a.hnsw_options.clone(),
+            _ => a.index_options.clone().unwrap_or_default(),
+        }
+        .replace('"', "\"\"");
+        for p in &r.points {
+            writeln!(
+                f,
+                "{dataset},{},{},{},{},{},{},{},{},{:.4},{:.1},{:.3},{:.3},{:.3},\"{opts}\",{},{}",
+                base.len(),
+                base.dim,
+                metric.name(),
+                a.clients,
+                a.k,
+                r.build_s.map(|s| format!("{s:.3}")).unwrap_or_default(),
+                r.index_bytes,
+                p.ef.trim_end_matches('*'),
+                p.recall,
+                p.qps,
+                p.mean_ms,
+                p.p50_ms,
+                p.p99_ms,
+                a.column.name(),
+                r.index
+            )?;
+        }
     }
     f.flush()
 }

@@ -45,7 +45,7 @@ FROM items ORDER BY embedding <-> (SELECT embedding FROM items WHERE id = 42) LI
 SQL
 
 # the CSV's one row: dataset,rows,dims,metric,clients,k,build_s,index_bytes,
-# ef_search,recall,qps,mean_ms,p50_ms,p99_ms,index_options
+# ef_search,recall,qps,mean_ms,p50_ms,p99_ms,index_options,column,index
 awk -F, 'NR == 2 {
   printf "\nsift128, %d rows: CREATE INDEX %.1f s, index %.1f MiB; at ef_search = %s (the default): recall@10 %.4f, latency mean %.2f / p50 %.2f / p99 %.2f ms (%.0f queries/s, one client)\n",
     $2, $7, $8 / 1048576, $9, $10, $12, $13, $14, $11

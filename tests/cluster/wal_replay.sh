@@ -4,7 +4,8 @@
 # WAL) answer exactly as the primary did, after CREATE INDEX, INSERTs into the
 # graph, DELETE + VACUUM (list repair, freed nodes) and inserts that reuse the
 # freed nodes; and a second index built beyond maintenance_work_mem (paged:
-# its graph pages written by the merge, then relinked through the buffers).
+# its graph pages written by the merge, then relinked through the buffers);
+# where pgvector is installed, a halfvec index too.
 #
 #   bash tests/cluster/wal_replay.sh      (after scripts/setup.sh)
 set -euo pipefail
@@ -61,6 +62,31 @@ SQL
 [ "$(q "${primary[@]}" -c "SELECT (gpu_graph_info('paged_idx')->'build'->'shards'->>'count')::int > 1")" = t ] ||
   fail "the second index was not built paged, in shards"
 
+# where pgvector is installed: a halfvec index goes through the same WAL
+halfvec=0
+if [ -f "$("$PG_CONFIG" --sharedir)/extension/vector.control" ]; then
+  halfvec=1
+  q "${primary[@]}" <<'SQL'
+SET client_min_messages = warning;
+CREATE EXTENSION vector;
+CREATE EXTENSION gpu_graph_pgvector;
+SET gpu_graph.build_device = cpu;
+CREATE TABLE hv AS SELECT id, v::halfvec(4) AS v FROM items WHERE id <= 15000;
+CREATE INDEX hv_idx ON hv USING gpu_graph (v halfvec_l2_ops) WITH (degree = 16);
+INSERT INTO hv SELECT id, v::halfvec FROM items WHERE id > 15000;
+DELETE FROM hv WHERE id % 7 = 0;
+VACUUM hv;
+SQL
+fi
+# what 50 scans of the halfvec index return, and its node counts
+hv_fingerprint() {
+  [ $halfvec = 1 ] || return 0
+  q "$@" -c "SET enable_seqscan = off" -c "SELECT md5(string_agg(ids, ';' ORDER BY q)) FROM (
+    SELECT q, (SELECT string_agg(id::text, ',') FROM (SELECT id FROM hv ORDER BY v <-> queries.v::halfvec LIMIT 20) s) AS ids
+    FROM queries) t" -c "SELECT gpu_graph_info('hv_idx')->'nodes'"
+}
+hv_before=$(hv_fingerprint "${primary[@]}")
+
 # the paged index's fingerprint
 paged_fingerprint() { FP_TABLE=paged FP_INDEX=paged_idx index_fingerprint "$@"; }
 paged_before=$(paged_fingerprint "${primary[@]}")
@@ -85,6 +111,7 @@ on_standby=$(index_fingerprint "${standby[@]}")
 echo "standby:  $on_standby" | tr '\n' ' '; echo
 [ "$on_standby" = "$before" ] || fail "the standby answers differently"
 [ "$(paged_fingerprint "${standby[@]}")" = "$paged_before" ] || fail "the standby's paged index answers differently"
+[ "$(hv_fingerprint "${standby[@]}")" = "$hv_before" ] || fail "the standby's halfvec index answers differently"
 
 # a crash: no shutdown checkpoint, recovery replays the WAL
 crash_restart "$primary_dir" || fail "the primary did not restart"
@@ -93,6 +120,12 @@ after=$(index_fingerprint "${primary[@]}")
 echo "recovered: $after" | tr '\n' ' '; echo
 [ "$after" = "$before" ] || fail "the recovered primary answers differently"
 [ "$(paged_fingerprint "${primary[@]}")" = "$paged_before" ] || fail "the recovered paged index answers differently"
+[ "$(hv_fingerprint "${primary[@]}")" = "$hv_before" ] || fail "the recovered halfvec index answers differently"
+if [ $halfvec = 1 ]; then
+  echo "halfvec index: $hv_before" | tr '\n' ' '; echo "(primary = standby = recovered)"
+else
+  echo "halfvec index: skipped: pgvector not installed"
+fi
 
 # and the recovered index still takes inserts and finds them
 q "${primary[@]}" -c "INSERT INTO items VALUES (99999, '{9,9,9,9}')"

@@ -26,6 +26,21 @@ done
 # that travels): the builders' parity check on 384-dim embeddings
 minilm=$CARGO_TARGET_DIR/minilm384_base_10k.fvecs
 [ -f "$minilm" ] || head -c $((10000 * (4 + 384 * 4))) "$GPU_GRAPH_DATA/minilm384_base.fvecs" >"$minilm"
+# the operator classes for pgvector's types, and pgvector itself where it is
+# installed here (built from its source by whoever has it: it is never part
+# of this repository), laid out as packages that device-pg installs
+pkgs=("$pkg")
+sharedir=$("$PG_CONFIG" --sharedir)
+pgv=$CARGO_TARGET_DIR/gpu-graph-pgvector-package
+rm -rf "$pgv" && mkdir -p "$pgv/extension" && cp sql/pgvector/gpu_graph_pgvector* "$pgv/extension/"
+pkgs+=("$pgv")
+if [ -f "$sharedir/extension/vector.control" ]; then
+  vec=$CARGO_TARGET_DIR/pgvector-package
+  rm -rf "$vec" && mkdir -p "$vec/lib" "$vec/extension"
+  cp "$("$PG_CONFIG" --pkglibdir)/vector.so" "$vec/lib/"
+  cp "$sharedir"/extension/vector.control "$sharedir"/extension/vector--*.sql "$vec/extension/"
+  pkgs+=("$vec")
+fi
 rm -rf .device/ext
-"$tools/device-stage" "$pkg" -- "$GPU_GRAPH_DATA/make_sift128.py" "${bins[@]}" \
+"$tools/device-stage" "${pkgs[@]}" -- "$GPU_GRAPH_DATA/make_sift128.py" "${bins[@]}" \
   "$minilm" "$GPU_GRAPH_DATA/minilm384_query.fvecs"

@@ -283,3 +283,37 @@ pub fn delete_share(
     c.batch_execute(&format!("VACUUM {table}")).map_err(|e| format!("VACUUM: {e}"))?;
     Ok((0..rows).filter(|&i| in_deleted_share(i, f)).map(|i| i as i32).collect())
 }
+
+/// Where a search worker runs and this session asks it, waits until it
+/// answers a scan of the index (up to `limit`), so that the sweep does not
+/// time the CPU fallbacks of a worker still loading its copy (seconds for a
+/// 1M x 768 index); returns the wait, or None where no worker is asked.
+pub fn wait_for_worker(c: &mut Client, sql: &str, q: &Param, limit: Duration) -> Result<Option<Duration>, String> {
+    let row = c
+        .query_one(
+            "SELECT coalesce(gpu_graph_worker_stats() #>> '{worker,state}', ''), \
+                    current_setting('gpu_graph.search_device')",
+            &[],
+        )
+        .map_err(|e| format!("gpu_graph_worker_stats(): {}", pg_err(&e)))?;
+    let (state, device): (String, String) = (row.get(0), row.get(1));
+    if state != "running" || device == "cpu" {
+        return Ok(None);
+    }
+    let served = |c: &mut Client| -> Result<i64, String> {
+        c.query_one("SELECT (gpu_graph_worker_stats() #>> '{scans,worker}')::bigint", &[])
+            .map(|r| r.get(0))
+            .map_err(|e| format!("gpu_graph_worker_stats(): {}", pg_err(&e)))
+    };
+    let st = prepare(c, sql)?;
+    let t = Instant::now();
+    while t.elapsed() < limit {
+        let before = served(c)?;
+        run_query(c, &st, q)?;
+        if served(c)? > before {
+            return Ok(Some(t.elapsed()));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Err(format!("the search worker answered no scan of the index in {} s", limit.as_secs()))
+}

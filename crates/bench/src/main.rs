@@ -88,6 +88,9 @@ fn run(a: &Args) -> Result<(), String> {
     let sql = db::knn_sql(&a.table, op, a.k, a.column);
     let params: Vec<Param> = (0..queries.len()).map(|i| db::param(a.column, queries.row(i))).collect();
     show_plan(&mut c, &sql, &params[0], &index)?;
+    if let Some(w) = db::wait_for_worker(&mut c, &sql, &params[0], std::time::Duration::from_secs(180))? {
+        println!("search worker: answering after {:.2} s (its copy of the index loaded)", w.as_secs_f64());
+    }
     drop(c);
     let sweep_of = |setting| sweep(a, setting, &sql, metric, &base, &queries, &params, &gt, &deleted);
     let mut runs = vec![Run { index: "gpu_graph", build_s, index_bytes, points: sweep_of(EfSetting::GpuGraph)? }];

@@ -16,7 +16,8 @@
 #   bash tests/gpu/pgvector.sh DIR vector|halfvec l2|cosine|ip [NAME]
 #   env: EFS (10,20,40,80), CLIENTS ("16 64"), SECS (10), ROWS (all),
 #        RECALL (0.97), CLIENTS_SWEEP (16), BUILD_DEVICE (gpu),
-#        BENCH (.device/gpu-graph-bench)
+#        BENCH (.device/gpu-graph-bench), STORAGE (the column's, e.g. plain:
+#        768-dim `vector` values are TOASTed otherwise)
 # DIR holds base.fvecs, query.fvecs and groundtruth.ivecs. Fails when a
 # build or query fails, or when the worker served fewer than 95% of the
 # scans sent to it.
@@ -37,6 +38,7 @@ q() { psql -X -q -v ON_ERROR_STOP=1 -At "$@"; }
 case $metric in l2) op='<->' ;; cosine) op='<=>' ;; ip) op='<#>' ;; *) echo "metric $metric?" >&2; exit 2 ;; esac
 rows=()
 [ -n "${ROWS:-}" ] && rows=(--rows "$ROWS")
+[ -n "${STORAGE:-}" ] && rows+=(--column-storage "$STORAGE")
 
 "$bench_bin" --base "$dir/base.fvecs" --query "$dir/query.fvecs" --gt "$dir/groundtruth.ivecs" \
   --metric "$metric" --column "$column" "${rows[@]}" --queries 1000 --clients "${CLIENTS_SWEEP:-16}" --ef "$efs" \

@@ -284,11 +284,22 @@ pub fn delete_share(
     Ok((0..rows).filter(|&i| in_deleted_share(i, f)).map(|i| i as i32).collect())
 }
 
-/// Where a search worker runs and this session asks it, waits until it
-/// answers a scan of the index (up to `limit`), so that the sweep does not
-/// time the CPU fallbacks of a worker still loading its copy (seconds for a
-/// 1M x 768 index); returns the wait, or None where no worker is asked.
-pub fn wait_for_worker(c: &mut Client, sql: &str, q: &Param, limit: Duration) -> Result<Option<Duration>, String> {
+/// What waiting for the search worker found.
+pub enum WorkerWait {
+    /// no worker is registered, or this session does not ask it
+    NotAsked,
+    /// it answered a scan of the index after this long
+    Answered(Duration),
+    /// it answered none in the time given (the sweep then times whatever serves the scans)
+    NoAnswer(Duration),
+}
+
+/// Where a search worker is registered (running, or starting: "absent") and
+/// this session asks it, waits until it answers a scan of the index (up to
+/// `limit`), so that the sweep does not time the CPU fallbacks of a worker
+/// still compiling its kernels or loading its copy (seconds for a 1M x 768
+/// index).
+pub fn wait_for_worker(c: &mut Client, sql: &str, q: &Param, limit: Duration) -> Result<WorkerWait, String> {
     let row = c
         .query_one(
             "SELECT coalesce(gpu_graph_worker_stats() #>> '{worker,state}', ''), \
@@ -297,8 +308,8 @@ pub fn wait_for_worker(c: &mut Client, sql: &str, q: &Param, limit: Duration) ->
         )
         .map_err(|e| format!("gpu_graph_worker_stats(): {}", pg_err(&e)))?;
     let (state, device): (String, String) = (row.get(0), row.get(1));
-    if state != "running" || device == "cpu" {
-        return Ok(None);
+    if !matches!(state.as_str(), "running" | "absent") || device == "cpu" {
+        return Ok(WorkerWait::NotAsked);
     }
     let served = |c: &mut Client| -> Result<i64, String> {
         c.query_one("SELECT (gpu_graph_worker_stats() #>> '{scans,worker}')::bigint", &[])
@@ -311,9 +322,9 @@ pub fn wait_for_worker(c: &mut Client, sql: &str, q: &Param, limit: Duration) ->
         let before = served(c)?;
         run_query(c, &st, q)?;
         if served(c)? > before {
-            return Ok(Some(t.elapsed()));
+            return Ok(WorkerWait::Answered(t.elapsed()));
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    Err(format!("the search worker answered no scan of the index in {} s", limit.as_secs()))
+    Ok(WorkerWait::NoAnswer(limit))
 }

@@ -88,8 +88,12 @@ fn run(a: &Args) -> Result<(), String> {
     let sql = db::knn_sql(&a.table, op, a.k, a.column);
     let params: Vec<Param> = (0..queries.len()).map(|i| db::param(a.column, queries.row(i))).collect();
     show_plan(&mut c, &sql, &params[0], &index)?;
-    if let Some(w) = db::wait_for_worker(&mut c, &sql, &params[0], std::time::Duration::from_secs(180))? {
-        println!("search worker: answering after {:.2} s (its copy of the index loaded)", w.as_secs_f64());
+    match db::wait_for_worker(&mut c, &sql, &params[0], std::time::Duration::from_secs(180))? {
+        db::WorkerWait::NotAsked => {}
+        db::WorkerWait::Answered(w) => println!("search worker: answering after {:.2} s", w.as_secs_f64()),
+        db::WorkerWait::NoAnswer(w) => {
+            println!("search worker: no scan answered in {} s; timing whatever serves them", w.as_secs())
+        }
     }
     drop(c);
     let sweep_of = |setting| sweep(a, setting, &sql, metric, &base, &queries, &params, &gt, &deleted);
@@ -137,11 +141,21 @@ struct Run {
 }
 
 /// The files and metric a run reads: a known set, or the given files.
+/// A set named by its base file, or by its folder where the file is the
+/// generators' plain `base.fvecs` (make_sift128.py, make_latent.py).
+fn set_name(base: &std::path::Path) -> String {
+    let stem = base.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+    match base.parent().and_then(|d| d.file_name()) {
+        Some(dir) if stem == "base" => dir.to_string_lossy().into_owned(),
+        _ => stem,
+    }
+}
+
 fn spec_of(a: &Args) -> Result<data::Spec, String> {
     let mut spec = match (&a.dataset, &a.base) {
         (Some(name), _) => data::known(name, &a.data_dir)?,
         (None, Some(base)) => data::Spec {
-            name: base.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default(),
+            name: set_name(base),
             base: base.clone(),
             query: a.query.clone().expect("checked by args"),
             metric: a.metric.expect("checked by args"),

@@ -153,21 +153,13 @@ CREATE FUNCTION gpu_graph_info(index regclass) RETURNS jsonb
 ")]
 fn gpu_graph_info(index: pg_sys::Oid) -> JsonB {
     let lock = pg_sys::AccessShareLock as i32;
-    // SAFETY: index_open raises an ERROR unless `index` names an index, which
-    // stays open (and locked) until index_close; it is read as a gpu_graph
-    // index only once its access method says it is one.
+    // SAFETY: in a transaction, a gpu_graph index open (and locked) until
+    // index_close.
     let (meta, (nodes, out_degree), pages, search) = unsafe {
-        let rel = pg_sys::index_open(index, lock);
-        let ours = pg_sys::get_am_oid(c"gpu_graph".as_ptr(), false);
-        if (*(*rel).rd_rel).relam != ours {
-            pg_sys::index_close(rel, lock);
-            error!("gpu_graph_info: relation {} is not a gpu_graph index", index.to_u32());
-        }
+        let rel = super::relation::open_gpu_graph_index(index, lock, "gpu_graph_info");
         let heap = (*(*rel).rd_index).indrelid;
         if !may_read_stats(heap) {
-            let name = pg_sys::get_rel_name(heap);
-            let name =
-                if name.is_null() { String::new() } else { std::ffi::CStr::from_ptr(name).to_string_lossy().into() };
+            let name = super::relation::name_of(heap);
             pg_sys::index_close(rel, lock);
             ereport!(
                 ERROR,

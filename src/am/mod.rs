@@ -1,6 +1,7 @@
 //! The access method: one file per PostgreSQL entry point, each thin over the
 //! engine and `storage`.
 
+pub mod batch;
 pub mod build;
 pub mod construct;
 pub mod cost;
@@ -10,6 +11,7 @@ pub mod loader;
 pub mod options;
 pub mod paged;
 pub mod parallel_scan;
+pub mod relation;
 pub mod scan;
 pub mod streamed;
 pub mod vacuum;

@@ -15,7 +15,7 @@ use pgrx::prelude::*;
 use pgrx::PgMemoryContexts;
 
 use super::vector::{check_dim, checked};
-use crate::gucs::{IterativeScan, EF_SEARCH, ITERATIVE_SCAN};
+use crate::gucs::{EF_SEARCH, ITERATIVE_SCAN};
 use crate::storage::codec::payload_to_tid;
 use crate::storage::meta::Meta;
 use crate::storage::page_store::PageStore;
@@ -191,10 +191,9 @@ pub unsafe extern "C-unwind" fn amgettuple(scan: pg_sys::IndexScanDesc, _dir: pg
                 return false;
             }
             if let Some(hit) = st.batch.pop_front() {
-                if mode == IterativeScan::StrictOrder && hit.dist < st.last {
+                if !admit::hit(mode, &mut st.last, hit.dist) {
                     continue;
                 }
-                st.last = st.last.max(hit.dist);
                 (*scan).xs_heaptid = payload_to_tid(hit.payload);
                 (*scan).xs_recheck = false;
                 (*scan).xs_recheckorderby = false;
@@ -202,7 +201,7 @@ pub unsafe extern "C-unwind" fn amgettuple(scan: pg_sys::IndexScanDesc, _dir: pg
                 *(*scan).xs_orderbynulls = st.null_query;
                 return true;
             }
-            if mode == IterativeScan::Off && st.rounds > 0 {
+            if !admit::another_round(mode, st.rounds) {
                 return false;
             }
             pg_sys::check_for_interrupts!();
@@ -220,6 +219,27 @@ pub unsafe extern "C-unwind" fn amgettuple(scan: pg_sys::IndexScanDesc, _dir: pg
             }
             st.batch = batch.into();
         }
+    }
+}
+
+/// What gpu_graph.iterative_scan lets through, for scans and batches alike.
+pub mod admit {
+    use crate::gucs::IterativeScan;
+
+    /// Whether a search goes on to another round after `rounds` rounds.
+    pub fn another_round(mode: IterativeScan, rounds: u32) -> bool {
+        mode != IterativeScan::Off || rounds == 0
+    }
+
+    /// Whether a hit at `dist` is handed out after the nearest so far at
+    /// `last` (strict_order drops one nearer than a row already handed out);
+    /// moves `last` on.
+    pub fn hit(mode: IterativeScan, last: &mut f32, dist: f32) -> bool {
+        if mode == IterativeScan::StrictOrder && dist < *last {
+            return false;
+        }
+        *last = last.max(dist);
+        true
     }
 }
 

@@ -23,7 +23,7 @@ pub unsafe fn at_tid(tid: pg_sys::ItemPointer) -> String {
     format!(" (row ({block},{offset}))")
 }
 
-fn data_error(msg: String) -> ! {
+pub fn data_error(msg: String) -> ! {
     ereport!(ERROR, PgSqlErrorCode::ERRCODE_DATA_EXCEPTION, msg);
 }
 
@@ -45,17 +45,21 @@ pub unsafe fn checked<'a>(column: Column, datum: pg_sys::Datum, whence: &dyn Fn(
         // SAFETY: as above.
         Column::HalfVec => Cow::Owned(unsafe { pgvector::halfvec(datum) }),
     };
+    check_values(&v, column.max_dim(), whence);
+    v
+}
+
+/// ERROR unless `v` has 1 to `max` dimensions, all finite.
+pub fn check_values(v: &[f32], max: usize, whence: &dyn Fn() -> String) {
     if v.is_empty() {
         data_error(format!("gpu_graph vectors must have at least 1 dimension{}", whence()));
     }
-    let max = column.max_dim();
     if v.len() > max {
         data_error(format!("gpu_graph vectors can have at most {max} dimensions, not {}{}", v.len(), whence()));
     }
-    if let Some(x) = non_finite(&v) {
+    if let Some(x) = non_finite(v) {
         data_error(format!("gpu_graph vectors must not contain NaN or infinity, found {x}{}", whence()));
     }
-    v
 }
 
 /// ERROR unless every value of `stored` (a row's stored form) fits `storage`:

@@ -57,17 +57,11 @@ fn gpu_graph_verify(
     index: pg_sys::Oid,
 ) -> TableIterator<'static, (name!(block, i64), name!(node, Option<i64>), name!(problem, String))> {
     let lock = pg_sys::AccessShareLock as i32;
-    // SAFETY: index_open raises an ERROR unless `index` names an index, open
-    // and share-locked until index_close; it is read as a gpu_graph index
-    // only once its access method says it is one; its table is opened with
-    // the same lock to read line pointers.
+    // SAFETY: in a transaction, a gpu_graph index open and share-locked
+    // until index_close; its table is opened with the same lock to read
+    // line pointers.
     let problems = unsafe {
-        let rel = pg_sys::index_open(index, lock);
-        let ours = pg_sys::get_am_oid(c"gpu_graph".as_ptr(), false);
-        if (*(*rel).rd_rel).relam != ours {
-            pg_sys::index_close(rel, lock);
-            error!("gpu_graph_verify: relation {} is not a gpu_graph index", index.to_u32());
-        }
+        let rel = super::relation::open_gpu_graph_index(index, lock, "gpu_graph_verify");
         let meta = Meta::read(rel);
         let heap = PgRelation::with_lock((*(*rel).rd_index).indrelid, lock);
         let problems = if meta.dim == 0 { Problems { rows: Vec::new(), count: 0 } } else { check(rel, &meta, &heap) };

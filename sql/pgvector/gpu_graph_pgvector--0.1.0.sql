@@ -22,3 +22,19 @@ CREATE OPERATOR CLASS halfvec_cosine_ops FOR TYPE halfvec USING gpu_graph AS
 CREATE OPERATOR CLASS halfvec_ip_ops FOR TYPE halfvec USING gpu_graph AS
     OPERATOR 1 <#> (halfvec, halfvec) FOR ORDER BY float_ops,
     FUNCTION 1 halfvec_negative_inner_product(halfvec, halfvec);
+
+-- gpu_graph_search_batch with the queries as an array of pgvector values:
+-- each element a query, in order (pgvector's casts to real[]; the index's
+-- own function does the rest)
+CREATE FUNCTION gpu_graph_search_batch(index regclass, queries vector[], k int, ef int DEFAULT NULL)
+    RETURNS TABLE (query int, rank int, ctid tid, distance real)
+    LANGUAGE sql VOLATILE PARALLEL SAFE AS $$
+    SELECT * FROM gpu_graph_search_batch($1,
+        (SELECT array_agg(q::real[] ORDER BY n) FROM unnest($2) WITH ORDINALITY AS u(q, n)), $3, $4)
+$$;
+CREATE FUNCTION gpu_graph_search_batch(index regclass, queries halfvec[], k int, ef int DEFAULT NULL)
+    RETURNS TABLE (query int, rank int, ctid tid, distance real)
+    LANGUAGE sql VOLATILE PARALLEL SAFE AS $$
+    SELECT * FROM gpu_graph_search_batch($1,
+        (SELECT array_agg(q::real[] ORDER BY n) FROM unnest($2) WITH ORDINALITY AS u(q, n)), $3, $4)
+$$;

@@ -108,6 +108,29 @@ SELECT count(*) FILTER (WHERE id = 6000) AS zero_row_returned
   FROM (SELECT id FROM items ORDER BY h <=> '[1,0,0,0,0,0,0,0,0,0,0,0,0,0,0,1]' LIMIT 3000) s;
 RESET enable_seqscan;
 
+-- many queries in one call, as vector[] and as halfvec[]: the rows of the
+-- ORDER BY scans on the CPU, query for query and rank for rank
+SET gpu_graph.search_device = cpu;
+SET enable_seqscan = off;
+CREATE FUNCTION scan_rows(col text, op text, qcol text) RETURNS TABLE (query int, rank int, row_ctid tid) LANGUAGE plpgsql AS $$
+BEGIN
+  RETURN QUERY EXECUTE format('SELECT q16.q, s.rank::int, s.ctid FROM q16, LATERAL (SELECT row_number() OVER () AS rank, z.ctid
+    FROM (SELECT ctid FROM items ORDER BY %I %s q16.%I LIMIT 10) z) s', col, op, qcol);
+END $$;
+SELECT count(*) AS rows, count(*) - (SELECT count(*) FROM scan_rows('v', '<=>', 'v')) AS rows_minus_scans,
+       (SELECT count(*) FROM ((SELECT query, rank, ctid FROM gpu_graph_search_batch('items_v_cos', (SELECT array_agg(v ORDER BY q) FROM q16), 10)
+                               EXCEPT SELECT * FROM scan_rows('v', '<=>', 'v'))) d) AS differ
+  FROM gpu_graph_search_batch('items_v_cos', (SELECT array_agg(v ORDER BY q) FROM q16), 10);
+SELECT count(*) AS rows, count(*) - (SELECT count(*) FROM scan_rows('h', '<->', 'h')) AS rows_minus_scans,
+       (SELECT count(*) FROM ((SELECT query, rank, ctid FROM gpu_graph_search_batch('items_h_l2', (SELECT array_agg(h ORDER BY q) FROM q16), 10)
+                               EXCEPT SELECT * FROM scan_rows('h', '<->', 'h'))) d) AS differ
+  FROM gpu_graph_search_batch('items_h_l2', (SELECT array_agg(h ORDER BY q) FROM q16), 10);
+SELECT count(*) FROM gpu_graph_search_batch('items_h_l2', ARRAY[]::halfvec[], 10);
+SELECT * FROM gpu_graph_search_batch('items_v_l2', ARRAY['[1,2,3]'::vector], 10);
+RESET enable_seqscan;
+RESET gpu_graph.search_device;
+DROP FUNCTION scan_rows(text, text, text);
+
 -- bad input: clear ERRORs, as for real[]
 SET enable_seqscan = off;
 SELECT id FROM items ORDER BY v <-> '[1,2,3]' LIMIT 1;

@@ -11,17 +11,25 @@
 //! to the table by ctid. The same queries through ORDER BY … LIMIT k at the
 //! same ef_search on the CPU give the same rows in the same order.
 //!
-//! Searched in the calling backend, one query after another (the buffer
-//! manager is this process's alone); cancel stops it between queries.
+//! Searched in the calling backend: one query after another through the
+//! buffers, or, for a batch large enough to pay for it, the first rounds on
+//! all cores from an in-memory copy of the index (`copy_for`; the same
+//! search on the same lists and vectors, so the same rows). Visibility is
+//! checked on the main thread (the buffer manager is its alone); cancel
+//! stops it between queries, or chunks of them on all cores.
 
-use gpu_graph_engine::search::Search;
+use gpu_graph_engine::flat::FlatIndex;
+use gpu_graph_engine::metric::Metric;
+use gpu_graph_engine::search::{Hit, Search};
+use gpu_graph_engine::store::{GraphView, Visit};
 use pgrx::prelude::*;
 use pgrx::{pg_sys, AnyArray};
+use rayon::prelude::*;
 
 use super::relation::{name_of, open_gpu_graph_index};
 use super::scan::admit;
 use super::vector::{check_dim, check_values};
-use crate::gucs::{EF_SEARCH, EF_SEARCH_MAX, ITERATIVE_SCAN};
+use crate::gucs::{IterativeScan, EF_SEARCH, EF_SEARCH_MAX, ITERATIVE_SCAN};
 use crate::storage::codec::payload_to_tid;
 use crate::storage::meta::Meta;
 use crate::storage::page_store::PageStore;
@@ -70,6 +78,15 @@ fn gpu_graph_search_batch(
     TableIterator::new(unsafe { search_batch(index, queries.datum(), k as usize, ef) })
 }
 
+/// Queries searched together: the first rounds of a chunk run on all cores
+/// (from a copy), then the main thread checks visibility and goes on where
+/// a query needs more rounds; a cancel waits for at most one chunk.
+const CHUNK: usize = 1024;
+
+/// Batches at least this large may search on all cores from an in-memory
+/// copy of the index (see `copy_for`).
+const PARALLEL_MIN_QUERIES: usize = 256;
+
 /// # Safety
 /// In a transaction; `queries` a non-null array datum.
 unsafe fn search_batch(index: pg_sys::Oid, queries: pg_sys::Datum, k: usize, ef: usize) -> Vec<Row> {
@@ -99,40 +116,163 @@ unsafe fn search_batch(index: pg_sys::Oid, queries: pg_sys::Datum, k: usize, ef:
         if n > 0 && meta.dim != 0 {
             check_dim(meta.dim as usize, dim, &|| " (queries)".into());
             let heap = pg_sys::table_open(heap_oid, lock);
-            let visible = Visible::new(heap);
             let store = PageStore::new(rel, &meta);
-            let metric = meta.metric();
-            let mode = ITERATIVE_SCAN.get();
-            for (i, q) in values.chunks_exact(dim).enumerate() {
-                pg_sys::check_for_interrupts!();
-                check_values(q, MAX_DIM, &|| format!(" (query {})", i + 1));
-                let mut search = Search::new(&store, metric, q);
-                let (mut last, mut rounds, mut rank) = (f32::NEG_INFINITY, 0, 0);
-                'rounds: while admit::another_round(mode, rounds) {
-                    let hits = search.next_round(&store, ef);
-                    rounds += 1;
-                    if hits.is_empty() {
-                        break;
+            let mut batch = Batch {
+                visible: Visible::new(heap),
+                metric: meta.metric(),
+                mode: ITERATIVE_SCAN.get(),
+                k,
+                ef,
+                out: &mut out,
+            };
+            let copy = copy_for(&store, &meta, n, ef);
+            for (c, chunk) in values.chunks(dim * CHUNK).enumerate() {
+                let queries: Vec<&[f32]> = chunk.chunks_exact(dim).collect();
+                let first = c * CHUNK + 1;
+                for (j, q) in queries.iter().enumerate() {
+                    check_values(q, MAX_DIM, &|| format!(" (query {})", first + j));
+                }
+                match &copy {
+                    Some(copy) => {
+                        let rounds: Vec<_> =
+                            queries.par_iter().map(|q| first_round(copy, batch.metric, q, ef)).collect();
+                        batch.answer(copy, first, rounds, Some((&store, &queries)));
                     }
-                    for hit in hits {
-                        if !admit::hit(mode, &mut last, hit.dist) {
-                            continue;
-                        }
-                        if let Some(ctid) = visible.version_of(payload_to_tid(hit.payload)) {
-                            rank += 1;
-                            out.push((i as i32 + 1, rank as i32, ctid, metric.to_sql(hit.dist) as f32));
-                            if rank == k {
-                                break 'rounds;
-                            }
+                    None => {
+                        for (j, q) in queries.iter().enumerate() {
+                            let round = first_round(&store, batch.metric, q, ef);
+                            batch.answer(&store, first + j, vec![round], None);
                         }
                     }
                 }
             }
-            visible.end();
+            batch.visible.end();
             pg_sys::table_close(heap, lock);
         }
         pg_sys::index_close(rel, lock);
         out
+    }
+}
+
+/// An in-memory copy of the index to search on all cores, where that pays:
+/// more than one core, a batch of at least PARALLEL_MIN_QUERIES whose
+/// searches visit more nodes than the copy reads (a query visits about ef
+/// times the degree), and a copy within maintenance_work_mem (as VACUUM's).
+fn copy_for(store: &PageStore, meta: &Meta, queries: usize, ef: usize) -> Option<Copy> {
+    crate::threads::init_rayon();
+    let nodes = store.node_count() as usize;
+    let (sd, degree) = (store.layout.stored_dim, store.layout.degree);
+    // SAFETY: a plain read of this backend's setting (kB).
+    let budget = unsafe { pg_sys::maintenance_work_mem } as usize * 1024;
+    let pays = rayon::current_num_threads() > 1
+        && queries >= PARALLEL_MIN_QUERIES
+        && queries.saturating_mul(ef * degree) >= nodes
+        && FlatIndex::bytes_for(nodes, sd, degree) <= budget;
+    if !pays {
+        return None;
+    }
+    let mut seeds = Vec::new();
+    store.seeds(&mut seeds);
+    store.snapshot(meta.metric()).map(|flat| Copy { flat, seeds })
+}
+
+/// The index in memory, searched as its pages are (the same entry point,
+/// seeds, lists, vectors and flags); a hit's payload is its node id, the
+/// pages give its row.
+struct Copy {
+    flat: FlatIndex,
+    seeds: Vec<u32>,
+}
+
+impl GraphView for Copy {
+    fn stored_dim(&self) -> usize {
+        self.flat.stored_dim()
+    }
+    fn degree(&self) -> usize {
+        self.flat.degree()
+    }
+    fn node_count(&self) -> u32 {
+        self.flat.node_count()
+    }
+    fn entry(&self) -> Option<u32> {
+        self.flat.entry()
+    }
+    fn seeds(&self, out: &mut Vec<u32>) {
+        out.extend_from_slice(&self.seeds);
+    }
+    fn visit<F: FnOnce(&[f32]) -> f32>(&self, node: u32, dist: F) -> Option<Visit> {
+        self.flat.visit(node, dist)
+    }
+    fn neighbors(&self, node: u32, out: &mut Vec<u32>) {
+        self.flat.neighbors(node, out)
+    }
+}
+
+/// A query's search and its first round of results.
+fn first_round<G: GraphView>(g: &G, metric: Metric, q: &[f32], ef: usize) -> (Search, Vec<Hit>) {
+    let mut search = Search::new(g, metric, q);
+    let hits = search.next_round(g, ef);
+    (search, hits)
+}
+
+/// What turns searches into answer rows.
+struct Batch<'a> {
+    visible: Visible,
+    metric: Metric,
+    mode: IterativeScan,
+    k: usize,
+    ef: usize,
+    out: &'a mut Vec<Row>,
+}
+
+impl Batch<'_> {
+    /// The rows of queries `first`, `first` + 1, …, each from its search
+    /// and first round: hits as iterative_scan lets them through, those
+    /// with a visible version, further rounds (on `g`, where the first ran)
+    /// until k rows or none left, as an ORDER BY scan with LIMIT k.
+    ///
+    /// Hits found on a copy (`pages` holds the index's pages and the
+    /// queries) are nodes: each is read again from its page for its row
+    /// and its distance now (a node VACUUM freed or reused since the copy
+    /// was taken is then skipped, or answers for its new row).
+    fn answer<G: GraphView>(
+        &mut self,
+        g: &G,
+        first: usize,
+        searches: Vec<(Search, Vec<Hit>)>,
+        pages: Option<(&PageStore, &[&[f32]])>,
+    ) {
+        for (j, (mut search, mut hits)) in searches.into_iter().enumerate() {
+            pg_sys::check_for_interrupts!();
+            let prepared = pages.map(|(_, queries)| self.metric.prepare_query(queries[j]));
+            let (mut last, mut rounds, mut rank) = (f32::NEG_INFINITY, 1, 0);
+            'rounds: while !hits.is_empty() {
+                for mut hit in hits.drain(..) {
+                    if let (Some((store, _)), Some(q)) = (pages, &prepared) {
+                        let m = self.metric;
+                        match store.visit(hit.node, |x| m.search_distance(q, x)) {
+                            Some(v) if !v.deleted => (hit.payload, hit.dist) = (v.payload, v.dist),
+                            _ => continue,
+                        }
+                    }
+                    if !admit::hit(self.mode, &mut last, hit.dist) {
+                        continue;
+                    }
+                    if let Some(ctid) = self.visible.version_of(payload_to_tid(hit.payload)) {
+                        rank += 1;
+                        self.out.push(((first + j) as i32, rank, ctid, self.metric.to_sql(hit.dist) as f32));
+                        if rank as usize == self.k {
+                            break 'rounds;
+                        }
+                    }
+                }
+                if !admit::another_round(self.mode, rounds) {
+                    break;
+                }
+                hits = search.next_round(g, self.ef);
+                rounds += 1;
+            }
+        }
     }
 }
 

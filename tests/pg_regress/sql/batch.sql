@@ -44,6 +44,22 @@ SELECT count(*) AS differ FROM ((SELECT * FROM scans(10) EXCEPT SELECT query, ra
                                 UNION ALL (SELECT query, rank, ctid FROM gpu_graph_search_batch('bt_idx', bq_matrix(), 10, 10) EXCEPT SELECT * FROM scans(10))) d;
 RESET gpu_graph.ef_search;
 
+-- a batch of 600 (each query ten times) is searched on all cores from a
+-- copy of the index: the same rows again
+SELECT count(*) AS rows, count(s.query) AS equal_to_scans
+  FROM gpu_graph_search_batch('bt_idx', (SELECT array_agg(v ORDER BY r, qn) FROM bq, generate_series(0, 9) r), 10) b
+  LEFT JOIN b40 s ON s.query = (b.query - 1) % 60 + 1 AND s.rank = b.rank AND s.row_ctid = b.ctid;
+
+-- inner product (whose index pins outliers as extra starting points, the
+-- copy too): the same rows serially and on all cores
+CREATE INDEX bt_ip ON bt USING gpu_graph (e real_ip_ops);
+CREATE TEMP TABLE ip_scans AS SELECT bq.qn AS query, s.rank::int, s.ctid AS row_ctid FROM bq,
+  LATERAL (SELECT row_number() OVER () AS rank, z.ctid FROM (SELECT bt.ctid FROM bt ORDER BY bt.e <#> bq.v LIMIT 10) z) s;
+SELECT count(*) AS rows, count(s.query) AS equal_to_scans
+  FROM gpu_graph_search_batch('bt_ip', (SELECT array_agg(v ORDER BY r, qn) FROM bq, generate_series(0, 9) r), 10) b
+  LEFT JOIN ip_scans s ON s.query = (b.query - 1) % 60 + 1 AND s.rank = b.rank AND s.row_ctid = b.ctid;
+DROP INDEX bt_ip;
+
 -- distances are the index's, from its stored vectors (f32 here: the
 -- operator's), nearest first
 SELECT count(*) AS wrong_distance FROM b40 JOIN bt ON bt.ctid = b40.row_ctid JOIN bq ON bq.qn = b40.query

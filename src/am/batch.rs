@@ -323,3 +323,6 @@ impl Visible {
         }
     }
 }
+
+// the table form, over this function (sql/knn_join.sql says why it is SQL)
+extension_sql_file!("../../sql/knn_join.sql", name = "knn_join", requires = [gpu_graph_search_batch]);

@@ -50,6 +50,19 @@ SELECT count(*) AS rows, count(s.query) AS equal_to_scans
   FROM gpu_graph_search_batch('bt_idx', (SELECT array_agg(v ORDER BY r, qn) FROM bq, generate_series(0, 9) r), 10) b
   LEFT JOIN b40 s ON s.query = (b.query - 1) % 60 + 1 AND s.rank = b.rank AND s.row_ctid = b.ctid;
 
+-- the table form: every row of a table as a query. The query table's
+-- rows give b40's rows; the whole-table self join (read in ranges of
+-- blocks of about 500 rows) finds each row itself
+SELECT count(*) AS rows, count(s.query) AS equal_to_batch
+  FROM gpu_graph_knn_join('bt_idx', 'bq', 'v', 10, 40) j JOIN bq ON bq.ctid = j.query_ctid
+  LEFT JOIN b40 s ON s.query = bq.qn AND s.rank = j.rank AND s.row_ctid = j.ctid;
+ANALYZE bt;
+SELECT count(*) AS rows, count(DISTINCT query_ctid) AS queries,
+       count(*) FILTER (WHERE ctid = query_ctid) >= 0.95 * 5000 AS finds_itself_95pct
+  FROM gpu_graph_knn_join('bt_idx', 'bt', 'e', 1, 40, 500);
+SELECT count(*) FROM gpu_graph_knn_join('bt_idx', 'bt', 'e', 1, 40, 0);
+SELECT count(*) FROM gpu_graph_knn_join('bt_idx', 'bt', 'nope', 1);
+
 -- inner product (whose index pins outliers as extra starting points, the
 -- copy too): the same rows serially and on all cores
 CREATE INDEX bt_ip ON bt USING gpu_graph (e real_ip_ops);

@@ -322,8 +322,11 @@ pub unsafe extern "C-unwind" fn ambuild(
     let (params, metric, knn, storage) = unsafe {
         (options::build_params(index), options::metric(index), options::knn_init(index), options::storage(index))
     };
+    // SAFETY: as above.
+    let cfs = unsafe { options::cfs_params(index, params.degree) };
     let total = Instant::now();
     let mut meta = Meta::new(metric, &params, storage);
+    meta.set_cfs(cfs.as_ref());
     // SAFETY: `index` is the new, empty index ambuild was given, open
     // through the build; nothing reads it through shared buffers before
     // the writer finishes.
@@ -347,6 +350,14 @@ pub unsafe extern "C-unwind" fn ambuild(
     let (max_norm, pinned) = loader.finish();
     let load_ms = ms(t);
     if scanned.paged {
+        if cfs.is_some() {
+            ereport!(
+                ERROR,
+                PgSqlErrorCode::ERRCODE_PROGRAM_LIMIT_EXCEEDED,
+                "gpu_graph: algorithm nsg, vamana, cagra and tsdg build from the whole graph in memory, which this table's vectors do not fit",
+                "Raise maintenance_work_mem, or build with algorithm = 'rnn_descent'."
+            );
+        }
         let scan =
             Scan { loader: &loader, heap_tuples: scanned.heap_tuples, workers: scanned.workers, load_ms, streamed_ms };
         // SAFETY: ambuild's index, its vector pages written by `out`.
@@ -386,6 +397,9 @@ pub unsafe extern "C-unwind" fn ambuild(
         let t = Instant::now();
         merge::ensure_reachable(&mut built.graph, &loader.vectors, loader.stored_dim.max(1));
         built.construct_ms += ms(t);
+    }
+    if let Some(cfs) = &cfs {
+        super::construct::refine(&mut built, &loader.vectors, loader.stored_dim.max(1), cfs);
     }
 
     report(pg_sys::PROGRESS_CREATEIDX_SUBPHASE, PHASE_GRAPH);
@@ -428,7 +442,8 @@ pub unsafe extern "C-unwind" fn ambuildempty(index: pg_sys::Relation) {
     // that has no init fork yet.
     unsafe {
         let params: BuildParams = options::build_params(index);
-        let meta = Meta::new(options::metric(index), &params, options::storage(index));
+        let mut meta = Meta::new(options::metric(index), &params, options::storage(index));
+        meta.set_cfs(options::cfs_params(index, params.degree).as_ref());
         writer::write_init_fork(index, &meta);
     }
 }

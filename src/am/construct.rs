@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, OnceLock};
 use std::time::{Duration, Instant};
 
+use gpu_graph_engine::cfs::{self, CfsParams};
 use gpu_graph_engine::cost;
 use gpu_graph_engine::graph::Graph;
 use gpu_graph_engine::params::BuildParams;
@@ -236,6 +237,21 @@ fn on_cpu(vectors: &[f32], stored_dim: usize, params: &BuildParams) -> Construct
         download_ms: 0.0,
         shards: None,
     }
+}
+
+/// Turns RNN-Descent's graph into the CFS graph `cfs` asks for, on all
+/// cores (after a GPU build too: the GPU's filters are not written yet);
+/// its time counts as graph construction.
+pub fn refine(built: &mut Constructed, vectors: &[f32], stored_dim: usize, cfs: &CfsParams) {
+    let t = Instant::now();
+    built.graph = cfs::refine(vectors, stored_dim, &built.graph, cfs, &mut |done: usize, all: usize| {
+        // the engine calls back on the calling (backend) thread
+        report_rounds(done, all);
+        pg_sys::check_for_interrupts!();
+        true
+    })
+    .unwrap_or_else(|| error!("gpu_graph: index build cancelled"));
+    built.construct_ms += t.elapsed().as_secs_f32() * 1000.0;
 }
 
 /// Builds the graph over `rows` stored vectors. `meanwhile` (PostgreSQL work

@@ -42,6 +42,13 @@ struct Parameters {
     t1: usize,
     t2: usize,
     rho: f64,
+    /// a CFS graph's (absent for rnn_descent)
+    #[serde(skip_serializing_if = "Option::is_none")]
+    candidates: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    alpha: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    lambda: Option<u32>,
 }
 
 #[derive(Serialize)]
@@ -182,12 +189,21 @@ fn gpu_graph_info(index: pg_sys::Oid) -> JsonB {
     let p = meta.params();
     let info = Info {
         format_version: meta.version,
-        algorithm: "rnn_descent",
+        algorithm: super::options::ALGORITHMS.get(meta.algorithm as usize).copied().unwrap_or("unknown"),
         metric: meta.metric().name(),
         dimensions: meta.dim,
         storage: meta.element().name(),
         degree: p.degree,
-        parameters: Parameters { s: p.s, r: p.r, t1: p.t1, t2: p.t2, rho: f64::from(p.rho) },
+        parameters: Parameters {
+            s: p.s,
+            r: p.r,
+            t1: p.t1,
+            t2: p.t2,
+            rho: f64::from(p.rho),
+            candidates: (meta.algorithm != 0).then_some(meta.candidates),
+            alpha: matches!(meta.algorithm, 2 | 4).then_some(f64::from(meta.alpha)),
+            lambda: (meta.algorithm == 4).then_some(meta.max_lambda),
+        },
         build: build(&meta),
         nodes,
         out_degree,

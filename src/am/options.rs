@@ -2,6 +2,7 @@
 
 use std::ffi::{c_char, CStr};
 
+use gpu_graph_engine::cfs::{Algorithm, CfsParams};
 use gpu_graph_engine::metric::Metric;
 use gpu_graph_engine::params::BuildParams;
 use pgrx::pg_sys;
@@ -11,7 +12,7 @@ use crate::storage::layout::Element;
 
 static mut KIND: pg_sys::relopt_kind::Type = 0;
 
-pub const ALGORITHMS: [&str; 1] = ["rnn_descent"];
+pub const ALGORITHMS: [&str; 5] = ["rnn_descent", "nsg", "vamana", "cagra", "tsdg"];
 pub const KNN_INITS: [&str; 3] = ["auto", "random", "exact"];
 pub const STORAGES: [&str; 2] = ["f32", "f16"];
 
@@ -30,6 +31,11 @@ struct Options {
     knn: i32,
     /// offset of the storage string
     storage: i32,
+    /// CFS graphs (nsg, vamana, cagra, tsdg): Vamana's and TSDG's alpha, the
+    /// candidates collected per node, TSDG's largest lambda kept
+    alpha: f64,
+    candidates: i32,
+    lambda: i32,
 }
 
 /// ERROR unless `value` (NULL: the option is not given) is one of `valid`.
@@ -150,6 +156,33 @@ pub fn register() {
         );
         pg_sys::add_real_reloption(
             KIND,
+            c"alpha".as_ptr(),
+            c"vamana and tsdg: a candidate is dropped when alpha times its distance to a kept neighbour is at most its distance to the node".as_ptr(),
+            DEFAULT_ALPHA,
+            1.0,
+            2.0,
+            lock,
+        );
+        pg_sys::add_int_reloption(
+            KIND,
+            c"candidates".as_ptr(),
+            c"nsg, vamana, cagra, tsdg: candidates collected per node (at least degree)".as_ptr(),
+            DEFAULT_CANDIDATES,
+            8,
+            512,
+            lock,
+        );
+        pg_sys::add_int_reloption(
+            KIND,
+            c"lambda".as_ptr(),
+            c"tsdg: edges occluded by more than lambda others of their list are dropped".as_ptr(),
+            DEFAULT_LAMBDA,
+            0,
+            128,
+            lock,
+        );
+        pg_sys::add_real_reloption(
+            KIND,
             c"rho".as_ptr(),
             c"Share of each list given reverse edges between outer rounds".as_ptr(),
             d.rho as f64,
@@ -178,6 +211,9 @@ pub unsafe extern "C-unwind" fn amoptions(reloptions: pg_sys::Datum, validate: b
         elt(c"rho", RELOPT_TYPE_REAL, std::mem::offset_of!(Options, rho)),
         elt(c"knn", RELOPT_TYPE_STRING, std::mem::offset_of!(Options, knn)),
         elt(c"storage", RELOPT_TYPE_STRING, std::mem::offset_of!(Options, storage)),
+        elt(c"alpha", RELOPT_TYPE_REAL, std::mem::offset_of!(Options, alpha)),
+        elt(c"candidates", RELOPT_TYPE_INT, std::mem::offset_of!(Options, candidates)),
+        elt(c"lambda", RELOPT_TYPE_INT, std::mem::offset_of!(Options, lambda)),
     ];
     // SAFETY: `reloptions` is the datum PostgreSQL passes (a text[] or
     // null); the table names static C strings and offsets inside Options, of
@@ -241,6 +277,48 @@ pub unsafe fn build_params(index: pg_sys::Relation) -> BuildParams {
         ));
     }
     p
+}
+
+/// Vamana's own default (DiskANN) and TSDG's for SIFT.
+const DEFAULT_ALPHA: f64 = 1.2;
+/// Twice the default degree: what CAGRA prunes from (its k-NN graph of 2d).
+const DEFAULT_CANDIDATES: i32 = 64;
+/// No edge dropped by lambda unless asked (a degree never exceeds 128).
+const DEFAULT_LAMBDA: i32 = 128;
+
+/// The graph the `algorithm` option asks for on top of RNN-Descent's: None
+/// for rnn_descent itself, else the CFS parameters (`degree` the index's).
+///
+/// # Safety
+/// `index` must be an open gpu_graph index.
+pub unsafe fn cfs_params(index: pg_sys::Relation, degree: usize) -> Option<CfsParams> {
+    // SAFETY: `index` is an open gpu_graph index (the caller's contract).
+    let name = unsafe { string_option(index, |o| o.algorithm) }.unwrap_or_default();
+    // SAFETY: as above.
+    let o = unsafe { options(index) };
+    let alpha = o.map_or(DEFAULT_ALPHA, |o| o.alpha) as f32;
+    let pool = o.map_or(DEFAULT_CANDIDATES, |o| o.candidates) as usize;
+    let max_lambda = o.map_or(DEFAULT_LAMBDA, |o| o.lambda) as usize;
+    let algorithm = algorithm_of(&name, alpha, max_lambda)?;
+    if pool < degree {
+        ereport!(
+            ERROR,
+            PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+            format!("gpu_graph option \"candidates\" ({pool}) must be at least \"degree\" ({degree})")
+        );
+    }
+    Some(CfsParams { algorithm, degree, pool })
+}
+
+/// The CFS algorithm of an `algorithm` value (None: rnn_descent).
+pub fn algorithm_of(name: &str, alpha: f32, max_lambda: usize) -> Option<Algorithm> {
+    match name {
+        "nsg" => Some(Algorithm::Nsg),
+        "vamana" => Some(Algorithm::Vamana { alpha }),
+        "cagra" => Some(Algorithm::Cagra),
+        "tsdg" => Some(Algorithm::Tsdg { alpha, max_lambda }),
+        _ => None,
+    }
 }
 
 /// The `knn` option: how a GPU build starts (the CPU build always starts

@@ -1,5 +1,6 @@
 //! The meta page (block 0): what the index is and where to start.
 
+use gpu_graph_engine::cfs::{Algorithm, CfsParams};
 use gpu_graph_engine::metric::Metric;
 use gpu_graph_engine::outliers::MAX_PINNED;
 use gpu_graph_engine::params::BuildParams;
@@ -30,7 +31,8 @@ pub struct Meta {
     pub dim: u32,
     pub metric: u32,
     pub degree: u32,
-    /// 0 = rnn_descent
+    /// the index of its name in options::ALGORITHMS: 0 = rnn_descent, then
+    /// the CFS graphs nsg, vamana, cagra, tsdg (their parameters below)
     pub algorithm: u32,
     pub s: u32,
     pub r: u32,
@@ -71,6 +73,11 @@ pub struct Meta {
     pub merge_ms: f32,
     /// inner product's pinned outliers (engine::outliers), NO_NODE after the last
     pub pinned: [u32; MAX_PINNED],
+    /// a CFS graph's alpha, candidates and largest lambda (0 in an index
+    /// of rnn_descent, or one built before these fields existed)
+    pub alpha: f32,
+    pub candidates: u32,
+    pub max_lambda: u32,
 }
 
 impl Meta {
@@ -106,7 +113,22 @@ impl Meta {
             partition_ms: 0.0,
             merge_ms: 0.0,
             pinned: [NO_NODE; MAX_PINNED],
+            alpha: 0.0,
+            candidates: 0,
+            max_lambda: 0,
         }
+    }
+
+    /// Records the CFS graph the index is built as (None: rnn_descent).
+    pub fn set_cfs(&mut self, cfs: Option<&CfsParams>) {
+        let Some(c) = cfs else { return };
+        let (code, alpha, max_lambda) = match c.algorithm {
+            Algorithm::Nsg => (1, 0.0, 0),
+            Algorithm::Vamana { alpha } => (2, alpha, 0),
+            Algorithm::Cagra => (3, 0.0, 0),
+            Algorithm::Tsdg { alpha, max_lambda } => (4, alpha, max_lambda as u32),
+        };
+        (self.algorithm, self.alpha, self.candidates, self.max_lambda) = (code, alpha, c.pool as u32, max_lambda);
     }
     pub fn metric(&self) -> Metric {
         Metric::from_code(self.metric).expect("checked() refuses an unknown metric")

@@ -33,6 +33,29 @@ impl VectorError {
 /// # Safety
 /// `datum` must be a non-null datum of an array type.
 pub unsafe fn real_array<'a>(datum: pg_sys::Datum) -> Result<&'a [f32], VectorError> {
+    // SAFETY: the caller's contract.
+    match unsafe { float4s(datum) } {
+        None => Err(VectorError::NotReal),
+        Some(Float4s { dims: [], .. }) => Ok(&[]),
+        Some(Float4s { dims: [_], values }) => values.ok_or(VectorError::HasNulls),
+        Some(Float4s { dims, .. }) => Err(VectorError::MultiDim(dims.len() as i32)),
+    }
+}
+
+/// A float4 array datum: its ARR_DIMS, and its values in row-major order
+/// (None when some element is NULL).
+struct Float4s<'a> {
+    dims: &'a [i32],
+    values: Option<&'a [f32]>,
+}
+
+/// The datum detoasted into the current memory context when needed (the
+/// slices live as long as that context), read in place; None when its
+/// elements are not float4.
+///
+/// # Safety
+/// `datum` must be a non-null datum of an array type.
+unsafe fn float4s<'a>(datum: pg_sys::Datum) -> Option<Float4s<'a>> {
     // SAFETY: `datum` is a non-null array datum (the caller's contract);
     // pg_detoast_datum returns it, or a detoasted copy in the current memory
     // context, as a whole ArrayType.
@@ -41,27 +64,25 @@ pub unsafe fn real_array<'a>(datum: pg_sys::Datum) -> Result<&'a [f32], VectorEr
         (arr, (*arr).ndim, (*arr).elemtype, (*arr).dataoffset)
     };
     if elemtype != pg_sys::FLOAT4OID {
-        return Err(VectorError::NotReal);
+        return None;
     }
-    if ndim == 0 {
-        return Ok(&[]);
-    }
-    if ndim != 1 {
-        return Err(VectorError::MultiDim(ndim));
-    }
-    if dataoffset != 0 {
-        // a null bitmap is present: some element is NULL
-        return Err(VectorError::HasNulls);
-    }
-    // ARR_OVERHEAD_NONULLS(1): header plus dims and lbound, MAXALIGNed
-    let header = (std::mem::size_of::<pg_sys::ArrayType>() + 2 * std::mem::size_of::<i32>() + 7) & !7;
-    // SAFETY: a one-dimensional float4 array without a null bitmap is its
-    // header, ARR_DIMS (the length) and ARR_LBOUND, then `len` float4 values
-    // at the MAXALIGNed offset `header`; the array is MAXALIGNed in memory
-    // that lives as long as the current memory context.
+    let ndim = ndim.max(0) as usize;
+    // ARR_OVERHEAD_NONULLS(ndim): header plus dims and lbounds, MAXALIGNed
+    let header = (std::mem::size_of::<pg_sys::ArrayType>() + 2 * ndim * std::mem::size_of::<i32>() + 7) & !7;
+    // SAFETY: an array is its header, ARR_DIMS and ARR_LBOUND (ndim each),
+    // and, without a null bitmap, the product of the dims float4 values at
+    // the MAXALIGNed offset `header`; the array is MAXALIGNed in memory that
+    // lives as long as the current memory context.
     unsafe {
-        let len = *((arr as *const u8).add(std::mem::size_of::<pg_sys::ArrayType>()) as *const i32) as usize;
-        Ok(std::slice::from_raw_parts((arr as *const u8).add(header) as *const f32, len))
+        let dims = std::slice::from_raw_parts(
+            (arr as *const u8).add(std::mem::size_of::<pg_sys::ArrayType>()) as *const i32,
+            ndim,
+        );
+        let len = if ndim == 0 { 0 } else { dims.iter().map(|&d| d.max(0) as usize).product() };
+        // a null bitmap (dataoffset set) means some element is NULL
+        let values =
+            (dataoffset == 0).then(|| std::slice::from_raw_parts((arr as *const u8).add(header) as *const f32, len));
+        Some(Float4s { dims, values })
     }
 }
 
@@ -93,32 +114,14 @@ impl MatrixError {
 /// # Safety
 /// `datum` must be a non-null datum of an array type.
 pub unsafe fn real_matrix<'a>(datum: pg_sys::Datum) -> Result<(usize, usize, &'a [f32]), MatrixError> {
-    // SAFETY: as in real_array.
-    let (arr, ndim, elemtype, dataoffset) = unsafe {
-        let arr = pg_sys::pg_detoast_datum(datum.cast_mut_ptr()) as *mut pg_sys::ArrayType;
-        (arr, (*arr).ndim, (*arr).elemtype, (*arr).dataoffset)
-    };
-    if elemtype != pg_sys::FLOAT4OID {
-        return Err(MatrixError::NotReal);
-    }
-    if ndim == 0 {
-        return Ok((0, 0, &[]));
-    }
-    if ndim != 2 {
-        return Err(MatrixError::Shape(ndim));
-    }
-    if dataoffset != 0 {
-        return Err(MatrixError::HasNulls);
-    }
-    // ARR_OVERHEAD_NONULLS(2): header plus two dims and two lbounds, MAXALIGNed
-    let header = (std::mem::size_of::<pg_sys::ArrayType>() + 4 * std::mem::size_of::<i32>() + 7) & !7;
-    // SAFETY: a two-dimensional float4 array without a null bitmap is its
-    // header, ARR_DIMS (rows, columns), ARR_LBOUND, then rows x columns
-    // float4 values in row-major order at the offset `header`.
-    unsafe {
-        let dims = (arr as *const u8).add(std::mem::size_of::<pg_sys::ArrayType>()) as *const i32;
-        let (rows, cols) = (*dims as usize, *dims.add(1) as usize);
-        Ok((rows, cols, std::slice::from_raw_parts((arr as *const u8).add(header) as *const f32, rows * cols)))
+    // SAFETY: the caller's contract.
+    match unsafe { float4s(datum) } {
+        None => Err(MatrixError::NotReal),
+        Some(Float4s { dims: [], .. }) => Ok((0, 0, &[])),
+        Some(Float4s { dims: &[rows, cols], values }) => {
+            values.map(|v| (rows as usize, cols as usize, v)).ok_or(MatrixError::HasNulls)
+        }
+        Some(Float4s { dims, .. }) => Err(MatrixError::Shape(dims.len() as i32)),
     }
 }
 

@@ -1,8 +1,8 @@
-//! Candidate neighbours read out of a store for pruning: what insert and
-//! repair both do before applying the one rule.
+//! Candidate neighbours read out of a store for pruning: what insert,
+//! repair and the CFS builds do before applying a filter.
 
+use crate::filter::Filter;
 use crate::metric::graph_distance;
-use crate::prune::rng_prune;
 use crate::store::GraphView;
 
 /// Live candidates of one node: their distances to it and their vectors.
@@ -63,9 +63,22 @@ impl Candidates {
         self.cands.is_empty()
     }
 
-    /// The `limit` nearest (ties by id), pruned by [`rng_prune`] to `degree`.
+    /// The `limit` nearest (ties by id), pruned by [`crate::prune::rng_prune`] to `degree`.
     /// `ids` must have been distinct.
     pub fn prune(self, limit: usize, degree: usize) -> Vec<(u32, f32)> {
+        self.filter(Filter::Rng, limit, degree)
+    }
+
+    /// The `limit` nearest (ties by id), kept by `filter`, at most `degree`.
+    /// `ids` must have been distinct.
+    pub fn filter(self, filter: Filter, limit: usize, degree: usize) -> Vec<(u32, f32)> {
+        let (cands, vectors) = self.nearest(limit);
+        filter.apply(&cands, &vectors, self.dim, degree)
+    }
+
+    /// The `limit` nearest (ties by id) in ascending distance, with their
+    /// vectors in that order.
+    pub fn nearest(&self, limit: usize) -> (Vec<(u32, f32)>, Vec<f32>) {
         let mut order: Vec<usize> = (0..self.cands.len()).collect();
         let key = |&i: &usize| (self.cands[i].1, self.cands[i].0);
         order.sort_unstable_by(|a, b| {
@@ -78,6 +91,6 @@ impl Candidates {
         for &i in &order {
             vectors.extend_from_slice(&self.vectors[i * self.dim..(i + 1) * self.dim]);
         }
-        rng_prune(&cands, &vectors, self.dim, degree)
+        (cands, vectors)
     }
 }

@@ -8,9 +8,11 @@
 //! routine serve every path.
 
 pub mod candidates;
+pub mod cfs;
 pub mod cost;
 pub mod dataset;
 pub mod distance;
+pub mod filter;
 pub mod flat;
 pub mod graph;
 pub mod idset;

@@ -46,11 +46,11 @@ pub fn occludes(kept_dist: f32, cand_dist: f32, between: impl FnOnce() -> f32) -
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// Candidates of the node at the origin, sorted by squared distance.
-    fn cands(points: &[(u32, [f32; 2])]) -> (Vec<(u32, f32)>, Vec<f32>) {
+    pub(crate) fn cands(points: &[(u32, [f32; 2])]) -> (Vec<(u32, f32)>, Vec<f32>) {
         let mut c: Vec<(u32, f32, [f32; 2])> =
             points.iter().map(|&(id, p)| (id, p[0] * p[0] + p[1] * p[1], p)).collect();
         c.sort_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)));

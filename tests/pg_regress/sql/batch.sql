@@ -1,7 +1,9 @@
 -- gpu_graph_search_batch: many queries in one call, the same rows as
 -- ORDER BY ... LIMIT scans on the CPU at the same ef_search, only rows the
 -- caller sees, clear errors.
+SET client_min_messages = warning;
 CREATE EXTENSION IF NOT EXISTS gpu_graph;
+RESET client_min_messages;
 SET gpu_graph.search_device = cpu;
 SET gpu_graph.iterative_scan = relaxed_order;
 

@@ -1,6 +1,7 @@
 //! The meta page (block 0): what the index is and where to start.
 
 use gpu_graph_engine::cfs::{Algorithm, CfsParams};
+use gpu_graph_engine::filter::Filter;
 use gpu_graph_engine::metric::Metric;
 use gpu_graph_engine::outliers::MAX_PINNED;
 use gpu_graph_engine::params::BuildParams;
@@ -117,6 +118,24 @@ impl Meta {
             candidates: 0,
             max_lambda: 0,
         }
+    }
+
+    /// The CFS graph the index was built as (None: rnn_descent); the codes
+    /// are set_cfs's.
+    pub fn cfs(&self) -> Option<Algorithm> {
+        let (alpha, max_lambda) = (self.alpha, self.max_lambda as usize);
+        match self.algorithm {
+            1 => Some(Algorithm::Nsg),
+            2 => Some(Algorithm::Vamana { alpha }),
+            3 => Some(Algorithm::Cagra),
+            4 => Some(Algorithm::Tsdg { alpha, max_lambda }),
+            _ => None,
+        }
+    }
+
+    /// The filter inserts and VACUUM keep lists by: the graph's own.
+    pub fn filter(&self) -> Filter {
+        self.cfs().map_or(Filter::Rng, Algorithm::filter)
     }
 
     /// Records the CFS graph the index is built as (None: rnn_descent).

@@ -10,6 +10,7 @@
 
 use std::cell::{Cell, RefCell};
 
+use gpu_graph_engine::filter::Filter;
 use gpu_graph_engine::flat::FlatIndex;
 use gpu_graph_engine::metric::Metric;
 use gpu_graph_engine::store::{GraphMut, GraphView, Visit};
@@ -34,6 +35,8 @@ pub struct PageStore {
     /// inner product's pinned outliers as the meta page named them when the
     /// store was made (a scan's store lives one scan)
     pinned: Vec<u32>,
+    /// the graph's filter, for inserts and VACUUM's repair
+    filter: Filter,
 }
 
 impl PageStore {
@@ -47,6 +50,7 @@ impl PageStore {
             scratch: RefCell::new(Vec::new()),
             known: Cell::new(meta.node_count),
             pinned: meta.pinned().collect(),
+            filter: meta.filter(),
         }
     }
 
@@ -141,6 +145,9 @@ impl GraphView for PageStore {
     }
     fn seeds(&self, out: &mut Vec<u32>) {
         out.extend_from_slice(&self.pinned);
+    }
+    fn filter(&self) -> Filter {
+        self.filter
     }
     fn visit<F: FnOnce(&[f32]) -> f32>(&self, node: u32, dist: F) -> Option<Visit> {
         // SAFETY: `rel` is open (PageStore::new's contract); the view lives

@@ -63,12 +63,6 @@ impl Candidates {
         self.cands.is_empty()
     }
 
-    /// The `limit` nearest (ties by id), pruned by [`crate::prune::rng_prune`] to `degree`.
-    /// `ids` must have been distinct.
-    pub fn prune(self, limit: usize, degree: usize) -> Vec<(u32, f32)> {
-        self.filter(Filter::Rng, limit, degree)
-    }
-
     /// The `limit` nearest (ties by id), kept by `filter`, at most `degree`.
     /// `ids` must have been distinct.
     pub fn filter(self, filter: Filter, limit: usize, degree: usize) -> Vec<(u32, f32)> {

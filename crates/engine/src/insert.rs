@@ -13,9 +13,9 @@ use crate::search::Search;
 use crate::store::GraphMut;
 
 /// Stores `stored` with `payload`, searches its neighbours with beam
-/// `ef_construction` (graph distance), prunes them with [`crate::prune::rng_prune`],
+/// `ef_construction` (graph distance), keeps them by the graph's filter ([`GraphView::filter`]),
 /// writes its list, then adds the reverse edge to each kept neighbour: appended
-/// when that list has room, else the list plus the new node is re-pruned and
+/// when that list has room, else the list plus the new node is filtered again and
 /// cut to `degree`. The first node of an empty graph becomes the entry point.
 /// Returns the new node's id.
 ///
@@ -37,7 +37,7 @@ pub fn insert<G: GraphMut>(store: &G, stored: &[f32], payload: u64, ef_construct
         let mut search = Search::new(store, Metric::L2, stored);
         let hits = search.next_round(store, ef_construction.max(degree));
         let found = hits.iter().map(|h| h.node).filter(|&n| n != id);
-        let kept = Candidates::collect(store, stored, found).prune(usize::MAX, degree);
+        let kept = Candidates::collect(store, stored, found).filter(store.filter(), usize::MAX, degree);
         if !kept.is_empty() {
             break kept;
         }
@@ -94,8 +94,11 @@ fn link_back<G: GraphMut>(store: &G, n: u32, id: u32) {
             return;
         }
         let ids = current.iter().copied().chain([id]);
-        let pruned: Vec<u32> =
-            Candidates::collect(store, &own, ids).prune(usize::MAX, degree).iter().map(|k| k.0).collect();
+        let pruned: Vec<u32> = Candidates::collect(store, &own, ids)
+            .filter(store.filter(), usize::MAX, degree)
+            .iter()
+            .map(|k| k.0)
+            .collect();
         if store.replace_neighbors_if(n, &current, &pruned) {
             return;
         }

@@ -24,6 +24,11 @@ pub trait GraphView {
     /// Nodes every search starts from besides the entry point: inner
     /// product's pinned outliers ([`crate::outliers`]).
     fn seeds(&self, _out: &mut Vec<u32>) {}
+    /// The rule insert and repair keep a list's neighbours by: the graph's
+    /// own (an NSG index's NSG rule, ...), RNN-Descent's by default.
+    fn filter(&self) -> crate::filter::Filter {
+        crate::filter::Filter::Rng
+    }
     /// Every node's list, `degree` slots each padded with NO_NODE: what a
     /// walk over the whole graph reads (a store may read it page by page).
     fn adjacency(&self) -> Vec<u32> {

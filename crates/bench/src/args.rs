@@ -50,6 +50,10 @@ index and sweep
                         hnsw.ef_search, reported beside gpu_graph's
   --hnsw-options TEXT   WITH (TEXT) of the HNSW build (default m = 16,
                         ef_construction = 64)
+  --batch N             gpu_graph's sweep through gpu_graph_search_batch, N
+                        queries a call (the clients share the calls; the
+                        latency columns are per call); HNSW's stays one
+                        query a statement
   --delete-fraction F   after the build, DELETE a pseudo-random share F of the
                         rows and VACUUM; recall is then measured against the
                         exact neighbours among the remaining rows, and any
@@ -114,6 +118,7 @@ pub struct Args {
     pub compare_hnsw: bool,
     pub hnsw_options: String,
     pub delete_fraction: Option<f64>,
+    pub batch: Option<usize>,
     pub csv: Option<PathBuf>,
     pub host: String,
     pub port: u16,
@@ -182,6 +187,7 @@ pub fn parse(argv: &[String]) -> Result<Option<Args>, String> {
         compare_hnsw: false,
         hnsw_options: "m = 16, ef_construction = 64".into(),
         delete_fraction: None,
+        batch: None,
         csv: None,
         host: env_or("PGHOST", "/var/run/postgresql"),
         port: number("PGPORT", &env_or("PGPORT", "5432"))?,
@@ -250,6 +256,13 @@ pub fn parse(argv: &[String]) -> Result<Option<Args>, String> {
                     return Err("--delete-fraction must be in [0, 1)".into());
                 }
                 a.delete_fraction = Some(f);
+            }
+            "--batch" => {
+                let n: usize = number(flag, v)?;
+                if n == 0 {
+                    return Err("--batch must be at least 1".into());
+                }
+                a.batch = Some(n);
             }
             "--host" => a.host = v.into(),
             "--port" => a.port = number(flag, v)?,

@@ -255,6 +255,49 @@ pub fn run_query(c: &mut Client, st: &Statement, q: &Param) -> Result<(Answer, D
     Ok((out, dt))
 }
 
+/// One gpu_graph_search_batch call over `index`, its rows joined back to
+/// `table` for their ids, in query and rank order; $1 is the queries as
+/// the text of a two-dimensional real[].
+pub fn batch_sql(table: &str, index: &str, k: usize) -> String {
+    format!(
+        "SELECT r.query, t.id, r.distance::float8 FROM gpu_graph_search_batch('{index}'::regclass, $1::text::real[], {k}) r \
+         JOIN {table} t ON t.ctid = r.ctid ORDER BY r.query, r.rank"
+    )
+}
+
+/// `n` queries (`dim` values each, row after row) in one batch call: each
+/// query's answer, and the call's latency.
+pub fn run_batch(
+    c: &mut Client,
+    st: &Statement,
+    rows: &[f32],
+    dim: usize,
+    n: usize,
+) -> Result<(Vec<Answer>, Duration), String> {
+    let mut text = String::with_capacity(rows.len() * 12 + 2 * n + 2);
+    text.push('{');
+    for (i, q) in rows.chunks_exact(dim).enumerate() {
+        text.push_str(if i == 0 { "{" } else { ",{" });
+        for (j, x) in q.iter().enumerate() {
+            if j > 0 {
+                text.push(',');
+            }
+            text.push_str(&x.to_string());
+        }
+        text.push('}');
+    }
+    text.push('}');
+    let t = Instant::now();
+    let found = c.query(st, &[&text]).map_err(|e| format!("batch: {}", pg_err(&e)))?;
+    let dt = t.elapsed();
+    let mut out: Vec<Answer> = vec![Vec::new(); n];
+    for r in found {
+        let q: i32 = r.get(0);
+        out[(q - 1) as usize].push((r.get::<_, i32>(1), r.get::<_, f64>(2)));
+    }
+    Ok((out, dt))
+}
+
 /// The plan of one k-NN query, for a line saying whether the index serves it.
 pub fn explain(c: &mut Client, sql: &str, q: &Param) -> Result<Vec<String>, String> {
     let rows =

@@ -19,7 +19,7 @@ use db::{Answer, EfSetting, Param};
 use gpu_graph_engine::metric::Metric;
 use gpu_graph_engine::recall;
 use std::io::Write;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 fn main() {
     let argv: Vec<String> = std::env::args().skip(1).collect();
@@ -332,24 +332,56 @@ fn sweep_point(
         Ef::Value(_) => ef_shown,
     };
 
-    // query i goes to client i % clients
+    // the work: one query a statement, or with --batch (gpu_graph's sweep)
+    // ranges of queries a gpu_graph_search_batch call; unit i goes to
+    // client i % clients
     let nq = queries.len();
     let nc = clients.len();
+    let batch = a.batch.filter(|_| setting == EfSetting::GpuGraph);
+    let units: Vec<std::ops::Range<usize>> = match batch {
+        Some(n) => (0..nq).step_by(n).map(|s| s..(s + n).min(nq)).collect(),
+        None => (0..nq).map(|q| q..q + 1).collect(),
+    };
+    let batch_statements = match batch {
+        Some(_) => {
+            let sql = db::batch_sql(&a.table, &format!("{}_embedding_idx", a.table), a.k);
+            clients.iter_mut().map(|c| db::prepare(c, &sql).map(Some)).collect::<Result<Vec<_>, _>>()?
+        }
+        None => vec![None; nc],
+    };
+    let units = &units;
     let start = Instant::now();
-    type Timed = (usize, Answer, Duration); // (query, answer, latency)
-    let per_client: Vec<Result<Vec<Timed>, String>> = std::thread::scope(|s| {
+    type Done = (Vec<(usize, Answer)>, Vec<f64>); // (query, answer) and each unit's latency (ms)
+    let per_client: Vec<Result<Done, String>> = std::thread::scope(|s| {
         let handles: Vec<_> = clients
             .iter_mut()
-            .zip(&statements)
+            .zip(statements.iter().zip(&batch_statements))
             .enumerate()
-            .map(|(ci, (c, st))| {
+            .map(|(ci, (c, (st, bst)))| {
                 s.spawn(move || {
-                    let mut out = Vec::with_capacity(nq / nc + 1);
-                    for qi in (ci..nq).step_by(nc) {
-                        let (rows, dt) = db::run_query(c, st, &params[qi])?;
-                        out.push((qi, rows, dt));
+                    let (mut out, mut lat) = (Vec::new(), Vec::new());
+                    for r in units.iter().skip(ci).step_by(nc) {
+                        let dt = match bst {
+                            Some(bst) => {
+                                let (rows, dt) = db::run_batch(
+                                    c,
+                                    bst,
+                                    &queries.data[r.start * queries.dim..r.end * queries.dim],
+                                    queries.dim,
+                                    r.len(),
+                                )?;
+                                out.extend(rows.into_iter().enumerate().map(|(j, a)| (r.start + j, a)));
+                                dt
+                            }
+                            None => {
+                                let (rows, dt) = db::run_query(c, st, &params[r.start])?;
+                                out.push((r.start, rows));
+                                dt
+                            }
+                        };
+                        lat.push(dt.as_secs_f64() * 1e3);
                     }
-                    Ok(out)
+                    Ok((out, lat))
                 })
             })
             .collect();
@@ -358,12 +390,13 @@ fn sweep_point(
     let wall = start.elapsed();
 
     let mut answers: Vec<Answer> = vec![Vec::new(); nq];
-    let mut latencies = Vec::with_capacity(nq);
+    let mut latencies = Vec::with_capacity(units.len());
     for r in per_client {
-        for (qi, rows, dt) in r? {
+        let (out, lat) = r?;
+        for (qi, rows) in out {
             answers[qi] = rows;
-            latencies.push(dt.as_secs_f64() * 1e3);
         }
+        latencies.extend(lat);
     }
 
     let mut recall_sum = 0.0;
@@ -397,7 +430,7 @@ fn sweep_point(
         ef: ef_label,
         recall: recall_sum / nq as f64,
         qps: nq as f64 / wall.as_secs_f64(),
-        mean_ms: latencies.iter().sum::<f64>() / nq as f64,
+        mean_ms: latencies.iter().sum::<f64>() / latencies.len() as f64,
         p50_ms: pct(0.50),
         p99_ms: pct(0.99),
     };

@@ -112,7 +112,8 @@ unsafe fn search_batch(index: pg_sys::Oid, queries: pg_sys::Datum, k: usize, ef:
             Err(e) => crate::am::vector::data_error(e.message()),
         };
         let meta = Meta::read(rel);
-        let mut out = Vec::with_capacity(n * k);
+        // (grown as rows come: n × k can be far more than a batch returns)
+        let mut out = Vec::with_capacity(n.saturating_mul(k).min(1 << 16));
         if n > 0 && meta.dim != 0 {
             check_dim(meta.dim as usize, dim, &|| " (queries)".into());
             let heap = pg_sys::table_open(heap_oid, lock);

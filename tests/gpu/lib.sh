@@ -1,0 +1,73 @@
+# shellcheck shell=bash
+# Shared by the GPU machine's benchmark scripts: source it.
+#   gg_queries_table DIR TYPE     table `queries` (id 0..999, v TYPE) from DIR/query.fvecs
+#   gg_knn_sql OP                 /tmp/gg-knn.sql: pgbench's k-NN query, its vector from `queries`
+#   gg_pgbench LABEL CLIENTS SECS PGOPTIONS [LOG]
+#                                 one pgbench -M prepared run of /tmp/gg-knn.sql: a line
+#                                 with queries/s, p50 and p99 (ms), also appended to LOG
+#   gg_pick_ef CSV INDEX RECALL   the smallest swept ef_search of INDEX (the CSV's
+#                                 `index` column) whose recall@10 reaches RECALL, else its largest
+#   gg_wait_worker OP             until the search worker answers a scan of `items`
+gg_q() { psql -X -q -v ON_ERROR_STOP=1 -At "$@"; }
+
+gg_queries_table() {
+  local dir=$1 type=$2 dim
+  python3 - "$dir/query.fvecs" "$type" >/tmp/gg-queries.copy <<'PY'
+import sys, struct
+raw = open(sys.argv[1], 'rb').read()
+d = struct.unpack_from('<i', raw)[0]
+row = 4 * (d + 1)
+real = sys.argv[2] == 'real[]'
+for i in range(min(1000, len(raw) // row)):
+    v = ','.join(repr(x) for x in struct.unpack_from(f'<{d}f', raw, i * row + 4))
+    print(f"{i}\t{{{v}}}" if real else f"{i}\t[{v}]")
+PY
+  dim=$(python3 -c "import struct,sys; print(struct.unpack('<i', open(sys.argv[1],'rb').read(4))[0])" "$dir/query.fvecs")
+  [ "$type" = 'real[]' ] || type="$type($dim)"
+  gg_q -c "SET client_min_messages = warning; DROP TABLE IF EXISTS queries; CREATE TABLE queries (id int PRIMARY KEY, v $type)"
+  gg_q -c "\\copy queries FROM /tmp/gg-queries.copy"
+}
+
+gg_knn_sql() {
+  cat >/tmp/gg-knn.sql <<SQL
+\\set qid random(0, 999)
+SELECT id FROM items ORDER BY embedding $1 (SELECT v FROM queries WHERE id = :qid) LIMIT 10;
+SQL
+}
+
+gg_pgbench() {
+  local label=$1 c=$2 secs=$3 opts=$4 log=${5:-/dev/null}
+  rm -rf /tmp/pgb && mkdir -p /tmp/pgb && chmod 777 /tmp/pgb
+  PGOPTIONS="$opts" pgbench -n -M prepared -c "$c" -j 16 -T "$secs" -f /tmp/gg-knn.sql \
+    --log --log-prefix=/tmp/pgb/log postgres >/tmp/pgb.out 2>&1 || { cat /tmp/pgb.out; return 1; }
+  python3 - "$label" "$c" "$(awk '/^tps/ {print $3}' /tmp/pgb.out)" <<'PY' | tee -a "$log"
+import glob, sys, numpy as np
+lat = np.concatenate([np.loadtxt(f, usecols=2, ndmin=1) for f in glob.glob('/tmp/pgb/log*')]) / 1000.0
+label, c, tps = sys.argv[1:]
+print(f"pgbench {label:<28} clients {c:>3}  {float(tps):>9.0f} queries/s  p50 {np.percentile(lat, 50):.3f} ms  p99 {np.percentile(lat, 99):.3f} ms")
+PY
+}
+
+gg_pick_ef() {
+  python3 - "$1" "$2" "$3" <<'PY'
+import csv, sys
+rows = [r for r in csv.DictReader(open(sys.argv[1])) if r['index'] == sys.argv[2]]
+want = float(sys.argv[3])
+pts = sorted((int(r['ef_search']), float(r['recall'])) for r in rows)
+print(next((ef for ef, rc in pts if rc >= want), pts[-1][0]))
+PY
+}
+
+gg_worker_scans() { gg_q -c "SELECT (gpu_graph_worker_stats() #>> '{scans,worker}')::bigint"; }
+
+gg_wait_worker() {
+  local n start
+  start=$(date +%s%N)
+  for _ in $(seq 1800); do
+    n=$(gg_worker_scans)
+    gg_q -c "SET gpu_graph.search_device = gpu; SELECT id FROM items ORDER BY embedding $1 (SELECT v FROM queries WHERE id = 0) LIMIT 10" >/dev/null
+    [ "$(gg_worker_scans)" -gt "$n" ] && break
+    sleep 0.1
+  done
+  echo "the worker answers after $(awk -v a="$start" -v b="$(date +%s%N)" 'BEGIN {printf "%.2f", (b - a) / 1e9}') s"
+}

@@ -54,6 +54,28 @@ VACUUM alg;
 SELECT count(*) AS problems FROM gpu_graph_verify('alg_idx');
 SELECT alg_recall() >= 0.95 AS recall_at_least_095;
 DROP INDEX alg_idx;
+-- inner product (pinned outliers, augmented vectors) and cosine: the
+-- same floor against their own exact neighbours
+CREATE FUNCTION alg_recall_op(op text) RETURNS numeric LANGUAGE plpgsql AS $$
+DECLARE hits int;
+BEGIN
+  SET LOCAL enable_seqscan = on; SET LOCAL enable_indexscan = off;
+  EXECUTE format('CREATE TEMP TABLE ex AS SELECT algq.n, x.id FROM algq,
+                  LATERAL (SELECT id FROM alg ORDER BY e %s algq.v LIMIT 10) x', op);
+  SET LOCAL enable_seqscan = off; SET LOCAL enable_indexscan = on;
+  EXECUTE format('SELECT count(*) FROM algq, LATERAL (SELECT id FROM alg ORDER BY e %s algq.v LIMIT 10) x
+                  WHERE (algq.n, x.id) IN (SELECT n, id FROM ex)', op) INTO hits;
+  DROP TABLE ex;
+  RETURN round(hits / 500.0, 2);
+END $$;
+CREATE INDEX alg_ip ON alg USING gpu_graph (e real_ip_ops) WITH (algorithm = 'cagra');
+SELECT alg_recall_op('<#>') >= 0.95 AS ip_recall_at_least_095;
+DROP INDEX alg_ip;
+CREATE INDEX alg_cos ON alg USING gpu_graph (e real_cosine_ops) WITH (algorithm = 'nsg');
+SELECT alg_recall_op('<=>') >= 0.95 AS cosine_recall_at_least_095;
+DROP INDEX alg_cos;
+DROP FUNCTION alg_recall_op(text);
+
 -- rnn_descent stays the default, with no CFS parameters shown
 CREATE INDEX alg_idx ON alg USING gpu_graph (e);
 SELECT gpu_graph_info('alg_idx') ->> 'algorithm' AS algorithm, gpu_graph_info('alg_idx') -> 'parameters' ? 'alpha' AS has_alpha;

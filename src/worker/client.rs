@@ -68,7 +68,12 @@ pub unsafe fn first_round(
     // SAFETY: `index` is open (the caller's contract).
     let answer = unsafe { ask(index, meta, query, ef) };
     record(answer.as_ref().err().copied().unwrap_or(Outcome::Answered));
-    answer.ok().map(|nodes| verify(store, meta, query, nodes))
+    answer.ok().map(|nodes| {
+        let t = Instant::now();
+        let answer = verify(store, meta, query, nodes);
+        counters().latency.verify.record(t.elapsed().as_micros() as i64);
+        answer
+    })
 }
 
 /// The slot this backend holds, for the exit callback (a FATAL error or
@@ -168,7 +173,10 @@ unsafe fn ask(index: pg_sys::Relation, meta: &Meta, query: &[f32], ef: usize) ->
         Outcome::Answered => {
             // SAFETY: as for submitted_at.
             let now = unsafe { pg_sys::GetCurrentTimestamp() };
-            add(&counters().roundtrip_us, (now - submitted_at).max(0) as u64);
+            let c = counters();
+            add(&c.roundtrip_us, (now - submitted_at).max(0) as u64);
+            c.latency.roundtrip.record(now - submitted_at);
+            c.latency.wake.record(now - reply.answered_at);
             Ok(reply.nodes[..reply.n as usize].to_vec())
         }
         other => Err(other),

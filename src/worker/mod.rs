@@ -26,6 +26,7 @@ mod device;
 mod gpu;
 mod gpu_builds;
 mod image;
+mod latency;
 mod outcome;
 mod residency;
 mod ring;

@@ -108,6 +108,8 @@ pub struct Reply {
     /// node ids, nearest first (the backend takes each node's distance
     /// from the pages, so the worker's are not sent)
     pub nodes: [u32; MAX_HITS],
+    /// when the worker answered (GetCurrentTimestamp)
+    pub answered_at: i64,
 }
 
 #[repr(C, align(64))]

@@ -13,6 +13,7 @@ use pgrx::prelude::*;
 use pgrx::{pg_sys, JsonB};
 use serde::Serialize;
 
+use super::latency::{Latencies, LatencyJson};
 use super::outcome::Outcome;
 use super::ring::State;
 use super::shmem::{shared, Shared, DEVICE_CPU, DEVICE_GPU};
@@ -54,6 +55,8 @@ pub struct Counters {
     /// reads of the change log and the patches after them that took over
     /// 10 ms (the requests taken wait for them)
     pub slow_syncs: AtomicU64,
+    /// each step of a worker-served scan, as histograms
+    pub latency: Latencies,
 }
 
 impl Counters {
@@ -77,6 +80,7 @@ impl Counters {
             patch_us: AtomicU64::new(0),
             patch_read_us: AtomicU64::new(0),
             slow_syncs: AtomicU64::new(0),
+            latency: Latencies::new(),
         }
     }
 }
@@ -215,6 +219,8 @@ struct WorkerStats {
     fallbacks: BTreeMap<&'static str, u64>,
     requests: Requests,
     residency: Residency,
+    /// microseconds of each step of a worker-served scan: count, p50, p90, p99
+    latency_us: LatencyJson,
 }
 
 #[derive(Serialize)]
@@ -320,6 +326,7 @@ fn gpu_graph_worker_stats() -> JsonB {
                 .map(|s| s.residents.read().iter().filter(|e| visible(e.db_node)).map(ResidentJson::of).collect())
                 .unwrap_or_default(),
         },
+        latency_us: LatencyJson::of(&c.latency),
     };
     JsonB(serde_json::to_value(stats).expect("gpu_graph_worker_stats: string keys only"))
 }

@@ -132,6 +132,23 @@ echo "  $served scans served by the worker; equal to the CPU scan: $same/30, exa
 # the CPU test mode runs the CPU scan's search on an identical copy
 [ "$device" = gpu ] || [ "$same" = 30 ] || fail "the worker's answers differ from the CPU scan's"
 [ "$exact" -ge 28 ] || fail "only $exact/30 exact answers"
+# the latency breakdown: each step counted for every served scan (the
+# queue and search on the worker's side, for each request it took), its
+# percentiles in order, and no step longer than the round trip it is in
+latency=$(q -c "SELECT string_agg(format('%s %s %s %s %s', key, value->>'count', value->>'p50', value->>'p90', value->>'p99'), ',' ORDER BY key)
+                FROM jsonb_each(gpu_graph_worker_stats() -> 'latency_us')")
+echo "  latency (step count p50 p90 p99, µs): $latency"
+python3 - "$latency" <<'PY' || fail "the latency breakdown is wrong: $latency"
+import sys
+steps = {s.split()[0]: [float(x) for x in s.split()[1:]] for s in sys.argv[1].split(',')}
+assert set(steps) == {'queue', 'search', 'wake', 'verify', 'roundtrip'}, steps
+for name, (n, p50, p90, p99) in steps.items():
+    assert n >= 30 and p50 <= p90 <= p99, (name, n, p50, p90, p99)
+# every scan the backend read was counted once in each backend-side step
+assert steps['roundtrip'][0] == steps['wake'][0] == steps['verify'][0], steps
+for name in ('queue', 'search', 'wake'):
+    assert steps[name][1] <= steps['roundtrip'][3] * 1.1, (name, steps)
+PY
 before=$(stat scans,cpu_after_worker)
 rows=$(q -c "$GPU SET gpu_graph.ef_search = 20;" \
   -c "SELECT count(*) || '/' || count(DISTINCT id) FROM (SELECT id FROM grid ORDER BY v <-> '{30.3,30.2}' LIMIT 5000) s" | tail -n 1)

@@ -1,0 +1,155 @@
+//! Where a worker-served scan's time goes, as percentiles: lock-free
+//! histograms in shared memory of microseconds, eight buckets an octave
+//! (each about 9% wide), for each step of the path: waiting to be taken,
+//! the search, the backend waking to the answer, its re-read of the
+//! answered nodes, and the whole round trip.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use serde::Serialize;
+
+/// Bucket 0 is 0 µs; bucket b ≥ 1 holds [2^((b-1)/8), 2^(b/8)) µs; the last
+/// also holds everything longer (2^19.9 µs, about 0.9 s).
+const BUCKETS: usize = 160;
+
+#[repr(C)]
+pub struct Histogram {
+    counts: [AtomicU64; BUCKETS],
+}
+
+impl Histogram {
+    pub const fn new() -> Histogram {
+        Histogram { counts: [const { AtomicU64::new(0) }; BUCKETS] }
+    }
+
+    pub fn record(&self, us: i64) {
+        self.counts[bucket(us.max(0) as u64)].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The count and the 50th, 90th and 99th percentiles (each a bucket's
+    /// upper bound); None when empty.
+    pub fn percentiles(&self) -> Option<Percentiles> {
+        let counts: Vec<u64> = self.counts.iter().map(|c| c.load(Ordering::Relaxed)).collect();
+        let n: u64 = counts.iter().sum();
+        if n == 0 {
+            return None;
+        }
+        let at = |p: f64| {
+            let want = ((p * n as f64).ceil() as u64).max(1);
+            let mut seen = 0;
+            let b = counts.iter().position(|&c| {
+                seen += c;
+                seen >= want
+            });
+            upper(b.unwrap_or(BUCKETS - 1))
+        };
+        Some(Percentiles { count: n, p50: at(0.50), p90: at(0.90), p99: at(0.99) })
+    }
+}
+
+fn bucket(us: u64) -> usize {
+    if us == 0 {
+        return 0;
+    }
+    ((8.0 * (us as f64).log2()).floor() as usize + 1).min(BUCKETS - 1)
+}
+
+/// A bucket's upper bound in µs, to one decimal.
+fn upper(b: usize) -> f64 {
+    if b == 0 {
+        return 0.0;
+    }
+    (2f64.powf(b as f64 / 8.0) * 10.0).round() / 10.0
+}
+
+#[derive(Serialize, Debug, PartialEq)]
+pub struct Percentiles {
+    count: u64,
+    p50: f64,
+    p90: f64,
+    p99: f64,
+}
+
+/// The steps of a worker-served scan.
+#[repr(C)]
+pub struct Latencies {
+    /// submitted → taken by the worker
+    pub queue: Histogram,
+    /// taken → answered (answers with results)
+    pub search: Histogram,
+    /// answered → the backend reading the answer (its latch wake-up)
+    pub wake: Histogram,
+    /// the backend's re-read of the answered nodes from the pages
+    pub verify: Histogram,
+    /// submitted → answer read, as the backend sees it
+    pub roundtrip: Histogram,
+}
+
+impl Latencies {
+    pub const fn new() -> Latencies {
+        Latencies {
+            queue: Histogram::new(),
+            search: Histogram::new(),
+            wake: Histogram::new(),
+            verify: Histogram::new(),
+            roundtrip: Histogram::new(),
+        }
+    }
+}
+
+/// The percentiles of each step, for gpu_graph_worker_stats().
+#[derive(Serialize)]
+pub struct LatencyJson {
+    queue: Option<Percentiles>,
+    search: Option<Percentiles>,
+    wake: Option<Percentiles>,
+    verify: Option<Percentiles>,
+    roundtrip: Option<Percentiles>,
+}
+
+impl LatencyJson {
+    pub fn of(l: &Latencies) -> LatencyJson {
+        LatencyJson {
+            queue: l.queue.percentiles(),
+            search: l.search.percentiles(),
+            wake: l.wake.percentiles(),
+            verify: l.verify.percentiles(),
+            roundtrip: l.roundtrip.percentiles(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buckets_are_an_eighth_of_an_octave() {
+        assert_eq!(bucket(0), 0);
+        assert_eq!(bucket(1), 1);
+        // 100 µs lies in the bucket whose upper bound is the first power of
+        // 2^(1/8) above it
+        let b = bucket(100);
+        assert!(upper(b) > 100.0 && upper(b - 1) <= 100.0, "{} {}", upper(b - 1), upper(b));
+        assert_eq!(bucket(u64::MAX), BUCKETS - 1);
+    }
+
+    #[test]
+    fn percentiles_of_a_known_spread() {
+        let h = Histogram::new();
+        assert_eq!(h.percentiles(), None);
+        // 90 at 10 µs, 9 at 100 µs, 1 at 1000 µs
+        (0..90).for_each(|_| h.record(10));
+        (0..9).for_each(|_| h.record(100));
+        h.record(1000);
+        let p = h.percentiles().unwrap();
+        assert_eq!(p.count, 100);
+        assert_eq!(p.p50, upper(bucket(10)));
+        assert_eq!(p.p90, upper(bucket(10)));
+        assert_eq!(p.p99, upper(bucket(100)));
+        assert!(p.p99 >= 100.0 && p.p99 < 110.0, "{p:?}");
+        // a negative time (clocks of two processes) counts as 0
+        h.record(-5);
+        assert_eq!(h.percentiles().unwrap().count, 101);
+    }
+}

@@ -19,6 +19,17 @@ pub unsafe fn open_gpu_graph_index(oid: pg_sys::Oid, lock: pg_sys::LOCKMODE, cal
             pg_sys::index_close(rel, lock);
             error!("{caller}: \"{}\" is not a gpu_graph index", name_of(oid));
         }
+        // a partitioned table's index has no pages of its own
+        if (*(*rel).rd_rel).relkind as u8 == pg_sys::RELKIND_PARTITIONED_INDEX {
+            let name = name_of(oid);
+            pg_sys::index_close(rel, lock);
+            ereport!(
+                ERROR,
+                PgSqlErrorCode::ERRCODE_WRONG_OBJECT_TYPE,
+                format!("{caller}: \"{name}\" is a partitioned index, which has no pages of its own"),
+                "Name the index of one of its partitions."
+            );
+        }
         rel
     }
 }

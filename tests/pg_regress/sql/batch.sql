@@ -141,6 +141,14 @@ SELECT * FROM gpu_graph_search_batch('bt_idx', bq_matrix(), 1001);
 SELECT * FROM gpu_graph_search_batch('bt_idx', bq_matrix(), 10, 0);
 SELECT * FROM gpu_graph_search_batch('bt_pkey', bq_matrix(), 10);
 SELECT * FROM gpu_graph_search_batch('bt', bq_matrix(), 10);
+-- a partitioned table's index has no pages: its partitions' indexes do
+CREATE TABLE bpart (id int, e real[]) PARTITION BY RANGE (id);
+CREATE TABLE bpart1 PARTITION OF bpart FOR VALUES FROM (0) TO (100);
+INSERT INTO bpart SELECT i, ARRAY[i, 1]::real[] FROM generate_series(0, 99) i;
+CREATE INDEX bpart_idx ON bpart USING gpu_graph (e);
+SELECT * FROM gpu_graph_search_batch('bpart_idx', ARRAY[[1,2]]::real[], 3);
+SELECT count(*) FROM gpu_graph_search_batch('bpart1_e_idx', ARRAY[[1,2]]::real[], 3);
+DROP TABLE bpart;
 -- the table's SELECT privilege is needed
 CREATE ROLE regress_batch_reader;
 GRANT SELECT ON bq TO regress_batch_reader;

@@ -126,6 +126,11 @@ SELECT count(*) AS rows, count(*) - (SELECT count(*) FROM scan_rows('h', '<->', 
                                EXCEPT SELECT * FROM scan_rows('h', '<->', 'h'))) d) AS differ
   FROM gpu_graph_search_batch('items_h_l2', (SELECT array_agg(h ORDER BY q) FROM q16), 10);
 SELECT count(*) FROM gpu_graph_search_batch('items_h_l2', ARRAY[]::halfvec[], 10);
+-- the table form over a halfvec column of queries: the batch's rows
+SELECT count(*) AS rows, count(b.query) AS equal_to_batch
+  FROM gpu_graph_knn_join('items_h_l2', 'q16', 'h', 10) j JOIN q16 ON q16.ctid = j.query_ctid
+  LEFT JOIN gpu_graph_search_batch('items_h_l2', (SELECT array_agg(h ORDER BY q) FROM q16), 10) b
+    ON b.query = q16.q AND b.rank = j.rank AND b.ctid = j.ctid;
 SELECT * FROM gpu_graph_search_batch('items_v_l2', ARRAY['[1,2,3]'::vector], 10);
 RESET enable_seqscan;
 RESET gpu_graph.search_device;

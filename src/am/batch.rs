@@ -25,6 +25,8 @@ use gpu_graph_engine::store::{GraphView, Visit};
 use pgrx::prelude::*;
 use pgrx::{pg_sys, AnyArray};
 use rayon::prelude::*;
+use std::cell::RefCell;
+use std::rc::Rc;
 
 use super::relation::{name_of, open_gpu_graph_index};
 use super::scan::admit;
@@ -126,7 +128,7 @@ unsafe fn search_batch(index: pg_sys::Oid, queries: pg_sys::Datum, k: usize, ef:
                 ef,
                 out: &mut out,
             };
-            let copy = copy_for(&store, &meta, n, ef);
+            let copy = copy_for(rel, &store, &meta, n, ef);
             for (c, chunk) in values.chunks(dim * CHUNK).enumerate() {
                 let queries: Vec<&[f32]> = chunk.chunks_exact(dim).collect();
                 let first = c * CHUNK + 1;
@@ -135,6 +137,7 @@ unsafe fn search_batch(index: pg_sys::Oid, queries: pg_sys::Datum, k: usize, ef:
                 }
                 match &copy {
                     Some(copy) => {
+                        let copy: &Copy = copy;
                         let rounds: Vec<_> =
                             queries.par_iter().map(|q| first_round(copy, batch.metric, q, ef)).collect();
                         batch.answer(copy, first, rounds, Some((&store, &queries)));
@@ -159,7 +162,10 @@ unsafe fn search_batch(index: pg_sys::Oid, queries: pg_sys::Datum, k: usize, ef:
 /// more than one core, a batch of at least PARALLEL_MIN_QUERIES whose
 /// searches visit more nodes than the copy reads (a query visits about ef
 /// times the degree), and a copy within maintenance_work_mem (as VACUUM's).
-fn copy_for(store: &PageStore, meta: &Meta, queries: usize, ef: usize) -> Option<Copy> {
+/// Kept for the rest of the transaction while the index's generation and
+/// node count stay as they were, so the chunks of gpu_graph_knn_join (one
+/// batch each) copy the index once.
+fn copy_for(rel: pg_sys::Relation, store: &PageStore, meta: &Meta, queries: usize, ef: usize) -> Option<Rc<Copy>> {
     crate::threads::init_rayon();
     let nodes = store.node_count() as usize;
     let (sd, degree) = (store.layout.stored_dim, store.layout.degree);
@@ -172,9 +178,50 @@ fn copy_for(store: &PageStore, meta: &Meta, queries: usize, ef: usize) -> Option
     if !pays {
         return None;
     }
+    // SAFETY: `rel` is the open index `store` reads.
+    let node = unsafe { (*rel).rd_node };
+    let key = (node.spcNode.to_u32(), node.dbNode.to_u32(), node.relNode.to_u32(), meta.generation, meta.node_count);
+    if let Some(copy) = CACHED.with_borrow(|c| c.as_ref().filter(|(k, _)| *k == key).map(|(_, copy)| copy.clone())) {
+        return Some(copy);
+    }
+    CACHED.with_borrow_mut(|c| *c = None); // the old one goes before the new one is made
     let mut seeds = Vec::new();
     store.seeds(&mut seeds);
-    store.snapshot(meta.metric()).map(|flat| Copy { flat, seeds })
+    let copy = Rc::new(Copy { flat: store.snapshot(meta.metric())?, seeds });
+    register_forget();
+    CACHED.with_borrow_mut(|c| *c = Some((key, copy.clone())));
+    Some(copy)
+}
+
+/// Which index, at which generation and node count, a copy was made of.
+type CopyKey = (u32, u32, u32, u64, u32);
+
+thread_local! {
+    /// The last copy this backend made, until its transaction ends.
+    static CACHED: RefCell<Option<(CopyKey, Rc<Copy>)>> = const { RefCell::new(None) };
+}
+
+/// Drops the cached copy when the transaction ends (registered once).
+fn register_forget() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    // SAFETY: a backend may register transaction callbacks at any time; the
+    // callback lives as long as the library.
+    ONCE.call_once(|| unsafe { pg_sys::RegisterXactCallback(Some(forget), std::ptr::null_mut()) });
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn forget(event: pg_sys::XactEvent::Type, _arg: *mut std::ffi::c_void) {
+    use pg_sys::XactEvent::*;
+    if matches!(
+        event,
+        XACT_EVENT_COMMIT
+            | XACT_EVENT_ABORT
+            | XACT_EVENT_PREPARE
+            | XACT_EVENT_PARALLEL_COMMIT
+            | XACT_EVENT_PARALLEL_ABORT
+    ) {
+        CACHED.with_borrow_mut(|c| *c = None);
+    }
 }
 
 /// The index in memory, searched as its pages are (the same entry point,

@@ -110,6 +110,15 @@ SELECT bt.id, r.distance FROM gpu_graph_search_batch('bt_idx', bq_matrix(), 1) r
 ROLLBACK;
 SELECT bt.id = -1 AS rolled_back_row_returned FROM gpu_graph_search_batch('bt_idx', bq_matrix(), 1) r JOIN bt ON bt.ctid = r.ctid WHERE r.query = 3;
 
+-- the copy a large batch searches is kept for its transaction only while
+-- the index is unchanged: a row inserted after it is found by the next batch
+BEGIN;
+SELECT count(*) FROM gpu_graph_search_batch('bt_idx', (SELECT array_agg(v ORDER BY r, qn) FROM bq, generate_series(0, 9) r), 1);
+INSERT INTO bt SELECT -2, v FROM bq WHERE qn = 5;
+SELECT bt.id AS new_row_first FROM gpu_graph_search_batch('bt_idx', (SELECT array_agg(v ORDER BY r, qn) FROM bq, generate_series(0, 9) r), 1) r
+  JOIN bt ON bt.ctid = r.ctid WHERE r.query IN (5, 65, 545) ORDER BY r.query;
+ROLLBACK;
+
 -- iterative_scan: off stops after one round of ef_search rows, as a scan does
 SET gpu_graph.iterative_scan = off;
 SELECT count(*) AS rows_off FROM gpu_graph_search_batch('bt_idx', bq_matrix(), 20, 5);

@@ -324,7 +324,6 @@ impl Worker {
         // SAFETY: reads the clock; any process may.
         let taken_at = unsafe { pg_sys::GetCurrentTimestamp() };
         add(&shared.counters.taken, 1);
-        add(&shared.counters.queue_us, (taken_at - req.submitted_at).max(0) as u64);
         shared.counters.latency.queue.record(taken_at - req.submitted_at);
         if req.fault {
             log!("gpu_graph search worker: failing on purpose (gpu_graph.inject_fault)");
@@ -399,7 +398,6 @@ impl Worker {
                 add(&c.searched, 1);
                 // SAFETY: reads the clock; any process may.
                 let now = unsafe { pg_sys::GetCurrentTimestamp() };
-                add(&c.search_us, (now - f.taken_at).max(0) as u64);
                 c.latency.search.record(now - f.taken_at);
                 let n = hits.len().min(MAX_HITS);
                 for (j, &(_, node)) in hits[..n].iter().enumerate() {

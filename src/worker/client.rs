@@ -174,7 +174,6 @@ unsafe fn ask(index: pg_sys::Relation, meta: &Meta, query: &[f32], ef: usize) ->
             // SAFETY: as for submitted_at.
             let now = unsafe { pg_sys::GetCurrentTimestamp() };
             let c = counters();
-            add(&c.roundtrip_us, (now - submitted_at).max(0) as u64);
             c.latency.roundtrip.record(now - submitted_at);
             c.latency.wake.record(now - reply.answered_at);
             Ok(reply.nodes[..reply.n as usize].to_vec())

@@ -15,15 +15,24 @@ const BUCKETS: usize = 160;
 #[repr(C)]
 pub struct Histogram {
     counts: [AtomicU64; BUCKETS],
+    /// the exact sum of what was recorded (µs), for the mean
+    sum: AtomicU64,
 }
 
 impl Histogram {
     pub const fn new() -> Histogram {
-        Histogram { counts: [const { AtomicU64::new(0) }; BUCKETS] }
+        Histogram { counts: [const { AtomicU64::new(0) }; BUCKETS], sum: AtomicU64::new(0) }
     }
 
     pub fn record(&self, us: i64) {
-        self.counts[bucket(us.max(0) as u64)].fetch_add(1, Ordering::Relaxed);
+        let us = us.max(0) as u64;
+        self.counts[bucket(us)].fetch_add(1, Ordering::Relaxed);
+        self.sum.fetch_add(us, Ordering::Relaxed);
+    }
+
+    /// The exact sum of what was recorded and how many, for the mean.
+    pub fn sum_count(&self) -> (u64, u64) {
+        (self.sum.load(Ordering::Relaxed), self.counts.iter().map(|c| c.load(Ordering::Relaxed)).sum())
     }
 
     /// The count and the 50th, 90th and 99th percentiles (each a bucket's
@@ -151,5 +160,7 @@ mod tests {
         // a negative time (clocks of two processes) counts as 0
         h.record(-5);
         assert_eq!(h.percentiles().unwrap().count, 101);
+        // the sum is exact, not the buckets'
+        assert_eq!(h.sum_count(), (90 * 10 + 9 * 100 + 1000, 101));
     }
 }

@@ -13,7 +13,7 @@ use pgrx::prelude::*;
 use pgrx::{pg_sys, JsonB};
 use serde::Serialize;
 
-use super::latency::{Latencies, LatencyJson};
+use super::latency::{Histogram, Latencies, LatencyJson};
 use super::outcome::Outcome;
 use super::ring::State;
 use super::shmem::{shared, Shared, DEVICE_CPU, DEVICE_GPU};
@@ -28,16 +28,11 @@ pub struct Counters {
     /// worker-served scans that went on to search on the CPU (the executor
     /// wanted more rows than the answer had)
     pub cpu_after_worker: AtomicU64,
-    /// backend side: submission to answer read, summed over worker-served scans
-    pub roundtrip_us: AtomicU64,
     /// worker side: requests taken, answers given (any status), answers
-    /// with results; the time from submission to being taken (all), and
-    /// from taken to answered (answers with results)
+    /// with results (their times: `latency`)
     pub taken: AtomicU64,
     pub answered: AtomicU64,
     pub searched: AtomicU64,
-    pub queue_us: AtomicU64,
-    pub search_us: AtomicU64,
     /// copies made and dropped
     pub loads: AtomicU64,
     pub load_us: AtomicU64,
@@ -55,7 +50,7 @@ pub struct Counters {
     /// reads of the change log and the patches after them that took over
     /// 10 ms (the requests taken wait for them)
     pub slow_syncs: AtomicU64,
-    /// each step of a worker-served scan, as histograms
+    /// each step of a worker-served scan, as histograms (and their means)
     pub latency: Latencies,
 }
 
@@ -65,12 +60,9 @@ impl Counters {
             outcomes: [const { AtomicU64::new(0) }; Outcome::ALL.len()],
             scans_cpu: AtomicU64::new(0),
             cpu_after_worker: AtomicU64::new(0),
-            roundtrip_us: AtomicU64::new(0),
             taken: AtomicU64::new(0),
             answered: AtomicU64::new(0),
             searched: AtomicU64::new(0),
-            queue_us: AtomicU64::new(0),
-            search_us: AtomicU64::new(0),
             loads: AtomicU64::new(0),
             load_us: AtomicU64::new(0),
             evictions: AtomicU64::new(0),
@@ -192,6 +184,12 @@ impl ResidentJson {
     }
 }
 
+/// A histogram's exact mean, as [`mean`].
+fn mean_of(h: &Histogram) -> Option<f64> {
+    let (sum, n) = h.sum_count();
+    mean(sum, n)
+}
+
 /// `sum / n` to one decimal; null when `n` is 0.
 fn mean(sum: u64, n: u64) -> Option<f64> {
     (n != 0).then(|| (sum as f64 / n as f64 * 10.0).round() / 10.0)
@@ -307,9 +305,9 @@ fn gpu_graph_worker_stats() -> JsonB {
             taken,
             answered: get(&c.answered),
             searched: get(&c.searched),
-            mean_queue_us: mean(get(&c.queue_us), taken),
-            mean_search_us: mean(get(&c.search_us), get(&c.searched)),
-            mean_roundtrip_us: mean(get(&c.roundtrip_us), scans_worker),
+            mean_queue_us: mean_of(&c.latency.queue),
+            mean_search_us: mean_of(&c.latency.search),
+            mean_roundtrip_us: mean_of(&c.latency.roundtrip),
         },
         residency: Residency {
             loads,

@@ -12,6 +12,12 @@ use pgrx::pg_sys;
 
 use super::array::MAX_DIM;
 
+thread_local! {
+    /// pgvector's type OIDs this backend has named (a type's OID is fixed
+    /// while it exists; an index names a dropped type's OID no more).
+    static KNOWN: std::cell::RefCell<Vec<(pg_sys::Oid, Column)>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 /// The vector type of an index's column: what its operator class takes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Column {
@@ -32,14 +38,20 @@ impl Column {
         if oid == pg_sys::FLOAT4ARRAYOID {
             return Column::Real;
         }
+        // every scan and insert asks: the name lookup once per type a backend
+        if let Some(c) = KNOWN.with_borrow(|k| k.iter().find(|(o, _)| *o == oid).map(|&(_, c)| c)) {
+            return c;
+        }
         // SAFETY: format_type_be returns a palloc'd C string for any OID.
         let name = unsafe { CStr::from_ptr(pg_sys::format_type_be(oid)) }.to_string_lossy().into_owned();
         // schema-qualified when pgvector's schema is not on the search path
-        match name.rsplit('.').next().unwrap_or_default().trim_matches('"') {
+        let column = match name.rsplit('.').next().unwrap_or_default().trim_matches('"') {
             "vector" => Column::Vector,
             "halfvec" => Column::HalfVec,
             _ => pgrx::error!("gpu_graph: columns of type {name} cannot be indexed"),
-        }
+        };
+        KNOWN.with_borrow_mut(|k| k.push((oid, column)));
+        column
     }
 
     /// The most dimensions an index on this type takes: pgvector's index

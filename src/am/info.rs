@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 
+use gpu_graph_engine::cfs::Algorithm;
 use gpu_graph_engine::store::GraphView;
 use pgrx::prelude::*;
 use pgrx::{pg_sys, JsonB};
@@ -200,9 +201,15 @@ fn gpu_graph_info(index: pg_sys::Oid) -> JsonB {
             t1: p.t1,
             t2: p.t2,
             rho: f64::from(p.rho),
-            candidates: (meta.algorithm != 0).then_some(meta.candidates),
-            alpha: matches!(meta.algorithm, 2 | 4).then_some(f64::from(meta.alpha)),
-            lambda: (meta.algorithm == 4).then_some(meta.max_lambda),
+            candidates: meta.cfs().map(|_| meta.candidates),
+            alpha: match meta.cfs() {
+                Some(Algorithm::Vamana { alpha } | Algorithm::Tsdg { alpha, .. }) => Some(f64::from(alpha)),
+                _ => None,
+            },
+            lambda: match meta.cfs() {
+                Some(Algorithm::Tsdg { max_lambda, .. }) => Some(max_lambda as u32),
+                _ => None,
+            },
         },
         build: build(&meta),
         nodes,

@@ -164,3 +164,28 @@ struct SearchParams {
     u32 max_qwords;
     u32 max_sleep_ns;
 };
+
+// The large-batch kernel's one parameter (search_batch, passed by value):
+// n queries of qwords floats each (prepared as a slot's query), each
+// searched by one single-warp CTA with a list of `list`; block b uses the
+// visited table b (2^visited_log2 entries) and generation visit_base + the
+// number of queries it searched before.
+struct BatchParams {
+    u64 indexes;  // IndexDesc[n_indexes]
+    u64 queries;  // n x qwords floats
+    u64 visited;  // u64 << visited_log2 per block
+    u64 hits;     // n x k ResultHit
+    u64 counts;   // n u32: hits written (GG_OUT_BAD_INDEX: no such index)
+    u32 n_indexes;
+    u32 index;  // entry of the index table
+    u32 gen;    // IndexDesc.gen it expects
+    u32 n;
+    u32 qwords;
+    u32 k;
+    u32 list;
+    u32 max_expand;
+    u32 offset_beam;
+    u32 beam;
+    u32 visited_log2;
+    u32 visit_base;
+};

@@ -461,6 +461,182 @@ struct SeedSrc {
     }
 };
 
+// A CTA's shared memory: the query, two lists (distance, id) of list_cap,
+// the candidate buffer, 32 entries to merge and 32 selected ids
+// (GG_SEARCH_SMEM_BYTES).
+struct Smem {
+    float* q;
+    float* l0d;
+    u32* l0i;
+    float* l1d;
+    u32* l1i;
+    float* cd;
+    u32* ci;
+    float* nd;
+    u32* ni;
+    u32* sel;
+};
+
+__device__ __forceinline__ Smem carve(unsigned char* smem, u32 max_qwords, u32 list_cap) {
+    Smem S;
+    S.q = (float*)smem;
+    S.l0d = S.q + max_qwords;
+    S.l0i = (u32*)(S.l0d + list_cap);
+    S.l1d = (float*)(S.l0i + list_cap);
+    S.l1i = (u32*)(S.l1d + list_cap);
+    S.cd = (float*)(S.l1i + list_cap);
+    S.ci = (u32*)(S.cd + CAND_CAP);
+    S.nd = (float*)(S.ci + CAND_CAP);
+    S.ni = (u32*)(S.nd + 32);
+    S.sel = S.ni + 32;
+    return S;
+}
+
+// Entry `xi` of the index table, read through L2; false when it is not a
+// loaded index of generation `xgen` that a search can use.
+__device__ __forceinline__ bool load_desc(const IndexDesc* indexes, u32 n_indexes, u32 xi, u32 xgen, IndexDesc& ix) {
+    if (xi >= n_indexes) return false;
+    const IndexDesc* desc = indexes + xi;
+    ix.vectors = ((u64)ld_cg_u32((const u32*)&desc->vectors + 1) << 32) | ld_cg_u32(&desc->vectors);
+    ix.adjacency = ((u64)ld_cg_u32((const u32*)&desc->adjacency + 1) << 32) | ld_cg_u32(&desc->adjacency);
+    ix.flags = ((u64)ld_cg_u32((const u32*)&desc->flags + 1) << 32) | ld_cg_u32(&desc->flags);
+    ix.n = ld_cg_u32(&desc->n);
+    ix.degree = ld_cg_u32(&desc->degree);
+    ix.entry = ld_cg_u32(&desc->entry);
+    ix.chunks = ld_cg_u32(&desc->chunks);
+    ix.half = ld_cg_u32(&desc->half);
+    ix.metric = ld_cg_u32(&desc->metric);
+    ix.lanes = ld_cg_u32(&desc->lanes);
+    ix.gen = ld_cg_u32(&desc->gen);
+    return ix.gen != 0 && ix.gen == xgen && ix.n > 0 && ix.entry < ix.n && ix.degree > 0 && ix.degree <= CAND_CAP;
+}
+
+// Copies `qwords` floats (a multiple of 4) of a query into shared memory.
+__device__ __forceinline__ void load_query(const u32* src, float* q, u32 qwords, u32 lane) {
+    for (u32 i = lane * 4; i < qwords; i += 128) {
+        u32 a, b, cc, d;
+        ld_cg_v4(src + i, a, b, cc, d);
+        q[i] = __uint_as_float(a);
+        q[i + 1] = __uint_as_float(b);
+        q[i + 2] = __uint_as_float(cc);
+        q[i + 3] = __uint_as_float(d);
+    }
+    __syncwarp();
+}
+
+// How one CTA searches (a request's fields).
+struct CtaPlan {
+    u32 k;
+    u32 cap;  // candidate list length
+    u32 max_expand;
+    u32 offset_beam;
+    u32 beam;
+    u32 seeds;
+};
+
+// One query's search by CTA t of `ctas` (the query in S.q; the visited
+// table `table` of 2^k entries - 1 = vmask shared by the query's CTAs,
+// entries of generation `gen`); writes its first k live entries to `hits`
+// and returns how many, with the nodes expanded and distances computed.
+// The same search for the persistent kernel (a slot's CTAs) and the batch
+// kernel (one CTA a query).
+__device__ __forceinline__ u32 search_one(const IndexDesc& ix, const Smem& S, u64* table, u32 vmask, u32 gen, u32 t,
+                                          u32 ctas, const CtaPlan& p, u64 salt, ResultHit* hits, u32& expanded,
+                                          u32& computed, u32 lane) {
+    Lists L;
+    L.ad = S.l0d;
+    L.ai = S.l0i;
+    L.bd = S.l1d;
+    L.bi = S.l1i;
+    L.cnt = 0;
+    const u32 cap = p.cap;
+    const u32* adj = (const u32*)ix.adjacency;
+    const u32 bmax_r = CAND_CAP / ix.degree;
+    const u32 bmax = bmax_r < 32 ? bmax_r : 32;
+    const u32 bw = p.beam < bmax ? (p.beam > 0 ? p.beam : 1) : bmax;
+    u32* ci = S.ci;
+    float* cd = S.cd;
+
+    // start: the entry point and this CTA's random seeds
+    SeedSrc ss;
+    ss.entry = ix.entry;
+    ss.seeds = p.seeds < 31 ? p.seeds : 31;
+    ss.n = ix.n;
+    ss.salt = salt;
+    u32 m = claim_batch(table, vmask, gen, ix.n, 1 + ss.seeds, ss, ci, lane);
+    computed += m;
+    absorb(ix, S.q, ci, cd, m, L, cap, S.nd, S.ni, lane);
+    // every CTA expands its share of the entry point's neighbours
+    EntrySrc es;
+    es.row = adj + (u64)ix.entry * ix.degree;
+    es.t = t;
+    es.ctas = ctas;
+    m = claim_batch(table, vmask, gen, ix.n, t < ix.degree ? (ix.degree - t + ctas - 1) / ctas : 0, es, ci, lane);
+    computed += m;
+    absorb(ix, S.q, ci, cd, m, L, cap, S.nd, S.ni, lane);
+    expanded = 1;
+    u32 nsel = 0;
+    for (;;) {
+        if (nsel > 0) {
+            AdjSrc as;
+            as.adj = adj;
+            as.sel = S.sel;
+            as.degree = ix.degree;
+            m = claim_batch(table, vmask, gen, ix.n, nsel * ix.degree, as, ci, lane);
+            computed += m;
+            absorb(ix, S.q, ci, cd, m, L, cap, S.nd, S.ni, lane);
+            expanded += nsel;
+        }
+        if (expanded >= p.max_expand) break;
+        // the next candidates to expand: the first unexpanded ones
+        nsel = 0;
+        u32 want = 0xFFFFFFFFu;
+        for (u32 base = 0; base < L.cnt && nsel < want; base += 32) {
+            const u32 j = base + lane;
+            const bool un = j < L.cnt && (L.ai[j] & EXP_BIT) == 0;
+            const u32 bal = __ballot_sync(FULL_MASK, un);
+            if (bal != 0 && want == 0xFFFFFFFFu) {
+                const u32 first = base + __ffs(bal) - 1;
+                want = first >= p.offset_beam ? bw : 1;
+            }
+            if (un) {
+                const u32 r = nsel + __popc(bal & lanemask_lt());
+                if (r < want) {
+                    S.sel[r] = L.ai[j];
+                    L.ai[j] = L.ai[j] | EXP_BIT;
+                }
+            }
+            const u32 got = nsel + __popc(bal);
+            nsel = got < want ? got : want;
+        }
+        __syncwarp();
+        if (nsel == 0) break;  // every candidate of the list is expanded
+    }
+
+    // the first k live entries
+    const unsigned char* flags = (const unsigned char*)ix.flags;
+    u32 written = 0;
+    for (u32 base = 0; base < L.cnt && written < p.k; base += 32) {
+        const u32 j = base + lane;
+        bool live = false;
+        u32 id = 0;
+        float d = 0.f;
+        if (j < L.cnt) {
+            id = L.ai[j] & ID_MASK;
+            d = L.ad[j];
+            live = (ld_cg_u8(flags + id) & (GG_NODE_DELETED | GG_NODE_FREE)) == 0;
+        }
+        const u32 bal = __ballot_sync(FULL_MASK, live);
+        if (live) {
+            const u32 r = written + __popc(bal & lanemask_lt());
+            if (r < p.k) st_v2(hits + r, __float_as_uint(d), id);
+        }
+        const u32 got = written + __popc(bal);
+        written = got < p.k ? got : p.k;
+    }
+    return written;
+}
+
 // The one parameter is __grid_constant__: read in place from the parameter
 // space. Without it the compiler copies the struct to local memory, and the
 // kernel drops from 154 registers to 128 with spills (about 15% fewer
@@ -474,16 +650,7 @@ extern "C" __global__ void __launch_bounds__(32)
     u32* finish = (u32*)P.finish;
     const u32 list_cap = P.list_cap, max_qwords = P.max_qwords, k_max = P.k_max;
     extern __shared__ __align__(16) unsigned char smem[];
-    float* q = (float*)smem;
-    float* l0d = q + max_qwords;
-    u32* l0i = (u32*)(l0d + list_cap);
-    float* l1d = (float*)(l0i + list_cap);
-    u32* l1i = (u32*)(l1d + list_cap);
-    float* cd = (float*)(l1i + list_cap);
-    u32* ci = (u32*)(cd + CAND_CAP);
-    float* nd = (float*)(ci + CAND_CAP);
-    u32* ni = (u32*)(nd + 32);
-    u32* sel = ni + 32;
+    const Smem S = carve(smem, max_qwords, list_cap);
 
     const u32 lane = threadIdx.x;
     const u32 slot = blockIdx.x / P.ctas_per_slot;
@@ -523,133 +690,23 @@ extern "C" __global__ void __launch_bounds__(32)
         // its own sequence word says so (and nobody rewrites it before this
         // CTA arrives below)
         while (ld_cg_u32(&req->cmd) != c) nanosleep_ns(32);
-        const u32 xi = ld_cg_u32(&req->index);
-        const u32 xgen = ld_cg_u32(&req->gen);
-        const u32 k = ld_cg_u32(&req->k);
-        const u32 cap = ld_cg_u32(&req->list);
-        const u32 max_expand = ld_cg_u32(&req->max_expand);
-        const u32 offset_beam = ld_cg_u32(&req->offset_beam);
-        const u32 beam = ld_cg_u32(&req->beam);
-        const u32 seeds = ld_cg_u32(&req->seeds);
+        CtaPlan p;
+        p.k = ld_cg_u32(&req->k);
+        p.cap = ld_cg_u32(&req->list);
+        p.max_expand = ld_cg_u32(&req->max_expand);
+        p.offset_beam = ld_cg_u32(&req->offset_beam);
+        p.beam = ld_cg_u32(&req->beam);
+        p.seeds = ld_cg_u32(&req->seeds);
         const u32 qwords = ld_cg_u32(&req->qwords);
 
         IndexDesc ix;
-        bool ok = xi < P.n_indexes;
-        if (ok) {
-            const IndexDesc* desc = indexes + xi;
-            ix.vectors = ((u64)ld_cg_u32((const u32*)&desc->vectors + 1) << 32) | ld_cg_u32(&desc->vectors);
-            ix.adjacency = ((u64)ld_cg_u32((const u32*)&desc->adjacency + 1) << 32) | ld_cg_u32(&desc->adjacency);
-            ix.flags = ((u64)ld_cg_u32((const u32*)&desc->flags + 1) << 32) | ld_cg_u32(&desc->flags);
-            ix.n = ld_cg_u32(&desc->n);
-            ix.degree = ld_cg_u32(&desc->degree);
-            ix.entry = ld_cg_u32(&desc->entry);
-            ix.chunks = ld_cg_u32(&desc->chunks);
-            ix.half = ld_cg_u32(&desc->half);
-            ix.metric = ld_cg_u32(&desc->metric);
-            ix.lanes = ld_cg_u32(&desc->lanes);
-            ix.gen = ld_cg_u32(&desc->gen);
-            ok = ix.gen != 0 && ix.gen == xgen && ix.n > 0 && ix.entry < ix.n && ix.degree > 0 &&
-                 ix.degree <= CAND_CAP && cap > 0 && cap <= list_cap && k <= k_max && qwords <= max_qwords;
-        }
+        const bool ok = load_desc(indexes, P.n_indexes, ld_cg_u32(&req->index), ld_cg_u32(&req->gen), ix) &&
+                        p.cap > 0 && p.cap <= list_cap && p.k <= k_max && qwords <= max_qwords;
         u32 written = 0, expanded = 0, computed = 0;
         if (ok) {
-            for (u32 i = lane * 4; i < qwords; i += 128) {
-                u32 a, b, cc, d;
-                ld_cg_v4((const u32*)(req + 1) + i, a, b, cc, d);
-                q[i] = __uint_as_float(a);
-                q[i + 1] = __uint_as_float(b);
-                q[i + 2] = __uint_as_float(cc);
-                q[i + 3] = __uint_as_float(d);
-            }
-            __syncwarp();
-            Lists L;
-            L.ad = l0d;
-            L.ai = l0i;
-            L.bd = l1d;
-            L.bi = l1i;
-            L.cnt = 0;
-            const u32* adj = (const u32*)ix.adjacency;
-            const u32 bmax_r = CAND_CAP / ix.degree;
-            const u32 bmax = bmax_r < 32 ? bmax_r : 32;
-            const u32 bw = beam < bmax ? (beam > 0 ? beam : 1) : bmax;
-
-            // start: the entry point and this CTA's random seeds
-            SeedSrc ss;
-            ss.entry = ix.entry;
-            ss.seeds = seeds < 31 ? seeds : 31;
-            ss.n = ix.n;
-            ss.salt = mix64(((u64)c << 32) ^ ((u64)slot << 8) ^ (u64)t);
-            u32 m = claim_batch(table, vmask, c, ix.n, 1 + ss.seeds, ss, ci, lane);
-            computed += m;
-            absorb(ix, q, ci, cd, m, L, cap, nd, ni, lane);
-            // every CTA expands its share of the entry point's neighbours
-            EntrySrc es;
-            es.row = adj + (u64)ix.entry * ix.degree;
-            es.t = t;
-            es.ctas = ctas;
-            m = claim_batch(table, vmask, c, ix.n, t < ix.degree ? (ix.degree - t + ctas - 1) / ctas : 0, es, ci,
-                            lane);
-            computed += m;
-            absorb(ix, q, ci, cd, m, L, cap, nd, ni, lane);
-            expanded = 1;
-            u32 nsel = 0;
-            for (;;) {
-                if (nsel > 0) {
-                    AdjSrc as;
-                    as.adj = adj;
-                    as.sel = sel;
-                    as.degree = ix.degree;
-                    m = claim_batch(table, vmask, c, ix.n, nsel * ix.degree, as, ci, lane);
-                    computed += m;
-                    absorb(ix, q, ci, cd, m, L, cap, nd, ni, lane);
-                    expanded += nsel;
-                }
-                if (expanded >= max_expand) break;
-                // the next candidates to expand: the first unexpanded ones
-                nsel = 0;
-                u32 want = 0xFFFFFFFFu;
-                for (u32 base = 0; base < L.cnt && nsel < want; base += 32) {
-                    const u32 j = base + lane;
-                    const bool un = j < L.cnt && (L.ai[j] & EXP_BIT) == 0;
-                    const u32 bal = __ballot_sync(FULL_MASK, un);
-                    if (bal != 0 && want == 0xFFFFFFFFu) {
-                        const u32 first = base + __ffs(bal) - 1;
-                        want = first >= offset_beam ? bw : 1;
-                    }
-                    if (un) {
-                        const u32 r = nsel + __popc(bal & lanemask_lt());
-                        if (r < want) {
-                            sel[r] = L.ai[j];
-                            L.ai[j] = L.ai[j] | EXP_BIT;
-                        }
-                    }
-                    const u32 got = nsel + __popc(bal);
-                    nsel = got < want ? got : want;
-                }
-                __syncwarp();
-                if (nsel == 0) break;  // every candidate of the list is expanded
-            }
-
-            // the first k live entries, to mapped host memory
-            const unsigned char* flags = (const unsigned char*)ix.flags;
-            for (u32 base = 0; base < L.cnt && written < k; base += 32) {
-                const u32 j = base + lane;
-                bool live = false;
-                u32 id = 0;
-                float d = 0.f;
-                if (j < L.cnt) {
-                    id = L.ai[j] & ID_MASK;
-                    d = L.ad[j];
-                    live = (ld_cg_u8(flags + id) & (GG_NODE_DELETED | GG_NODE_FREE)) == 0;
-                }
-                const u32 bal = __ballot_sync(FULL_MASK, live);
-                if (live) {
-                    const u32 r = written + __popc(bal & lanemask_lt());
-                    if (r < k) st_v2(hits + r, __float_as_uint(d), id);
-                }
-                const u32 got = written + __popc(bal);
-                written = got < k ? got : k;
-            }
+            load_query((const u32*)(req + 1), S.q, qwords, lane);
+            const u64 salt = mix64(((u64)c << 32) ^ ((u64)slot << 8) ^ (u64)t);
+            written = search_one(ix, S, table, vmask, c, t, ctas, p, salt, hits, expanded, computed, lane);
         } else {
             expanded = GG_OUT_BAD_INDEX;
         }
@@ -665,6 +722,46 @@ extern "C" __global__ void __launch_bounds__(32)
                 st_release_sys(finish + (u64)slot * P.finish_stride, c);
             }
         }
+        __syncwarp();
+    }
+}
+
+// The large-batch search (TSDG's and CAGRA's "large batch" regime): n
+// queries in device memory, one single-warp CTA a query, block b taking
+// queries b, b + gridDim.x, ... with its own visited table, whose
+// generation is visit_base + (the block's query number): the host moves
+// visit_base past every launch, so no table is ever cleared between
+// queries or batches. Each query is the persistent kernel's search with one
+// CTA (the CPU's beam search); its first k live hits go to hits[q * k ..],
+// their count to counts[q] (GG_OUT_BAD_INDEX when the index is not loaded
+// at generation `gen`). Launched on its own stream beside the persistent
+// kernel, which keeps its resident blocks: this kernel takes whatever the
+// SMs have left, and its blocks simply wait for room.
+extern "C" __global__ void __launch_bounds__(32) search_batch(const __grid_constant__ BatchParams P) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    const Smem S = carve(smem, P.qwords, P.list);
+    const u32 lane = threadIdx.x;
+    const u32 vmask = (1u << P.visited_log2) - 1u;
+    u64* table = (u64*)P.visited + ((u64)blockIdx.x << P.visited_log2);
+    u32* counts = (u32*)P.counts;
+    IndexDesc ix;
+    const bool ok = load_desc((const IndexDesc*)P.indexes, P.n_indexes, P.index, P.gen, ix);
+    CtaPlan p;
+    p.k = P.k;
+    p.cap = P.list;
+    p.max_expand = P.max_expand;
+    p.offset_beam = P.offset_beam;
+    p.beam = P.beam;
+    p.seeds = 0;
+    u32 j = 0;
+    for (u32 qi = blockIdx.x; qi < P.n; qi += gridDim.x, ++j) {
+        u32 written = GG_OUT_BAD_INDEX, expanded = 0, computed = 0;
+        if (ok) {
+            load_query((const u32*)P.queries + (u64)qi * P.qwords, S.q, P.qwords, lane);
+            ResultHit* hits = (ResultHit*)P.hits + (u64)qi * P.k;
+            written = search_one(ix, S, table, vmask, P.visit_base + j, 0, 1, p, 0, hits, expanded, computed, lane);
+        }
+        if (lane == 0) counts[qi] = written;
         __syncwarp();
     }
 }

@@ -36,6 +36,7 @@ use crate::storage::codec::payload_to_tid;
 use crate::storage::meta::Meta;
 use crate::storage::page_store::PageStore;
 use crate::types::array::{real_matrix, MAX_DIM};
+use crate::worker;
 
 /// The most rows a query may ask for (as ef_search's limit).
 const MAX_K: i32 = EF_SEARCH_MAX;
@@ -121,6 +122,7 @@ unsafe fn search_batch(index: pg_sys::Oid, queries: pg_sys::Datum, k: usize, ef:
             let heap = pg_sys::table_open(heap_oid, lock);
             let store = PageStore::new(rel, &meta);
             let mut batch = Batch {
+                store: &store,
                 visible: Visible::new(heap),
                 metric: meta.metric(),
                 mode: ITERATIVE_SCAN.get(),
@@ -128,24 +130,35 @@ unsafe fn search_batch(index: pg_sys::Oid, queries: pg_sys::Datum, k: usize, ef:
                 ef,
                 out: &mut out,
             };
-            let copy = copy_for(rel, &store, &meta, n, ef);
-            for (c, chunk) in values.chunks(dim * CHUNK).enumerate() {
-                let queries: Vec<&[f32]> = chunk.chunks_exact(dim).collect();
-                let first = c * CHUNK + 1;
+            // the worker takes a segment of queries at a time; the
+            // CPU (from a copy, or the pages) whatever it does not answer
+            let mut copy: Option<Option<Rc<Copy>>> = None;
+            let per = worker::batch_segment(dim);
+            for (s, segment) in values.chunks(dim * per).enumerate() {
+                let queries: Vec<&[f32]> = segment.chunks_exact(dim).collect();
                 for (j, q) in queries.iter().enumerate() {
-                    check_values(q, MAX_DIM, &|| format!(" (query {})", first + j));
+                    check_values(q, MAX_DIM, &|| format!(" (query {})", s * per + j + 1));
                 }
-                match &copy {
-                    Some(copy) => {
-                        let copy: &Copy = copy;
-                        let rounds: Vec<_> =
-                            queries.par_iter().map(|q| first_round(copy, batch.metric, q, ef)).collect();
-                        batch.answer(copy, first, rounds, Some((&store, &queries)));
-                    }
-                    None => {
-                        for (j, q) in queries.iter().enumerate() {
-                            let round = first_round(&store, batch.metric, q, ef);
-                            batch.answer(&store, first + j, vec![round], None);
+                if let Some(answers) = worker::batch_first_rounds(rel, &meta, &store, &queries, ef) {
+                    let firsts = answers.into_iter().map(|a| First { search: None, hits: a.hits, handed: a.handed });
+                    batch.answer(&store, s * per + 1, &queries, firsts.collect(), false);
+                    continue;
+                }
+                let copy = copy.get_or_insert_with(|| copy_for(rel, &store, &meta, n, ef));
+                for (c, chunk) in queries.chunks(CHUNK).enumerate() {
+                    let first = s * per + c * CHUNK + 1;
+                    match copy {
+                        Some(copy) => {
+                            let copy: &Copy = copy;
+                            let rounds: Vec<_> =
+                                chunk.par_iter().map(|q| first_round(copy, batch.metric, q, ef)).collect();
+                            batch.answer(copy, first, chunk, rounds, true);
+                        }
+                        None => {
+                            for (j, q) in chunk.iter().enumerate() {
+                                let round = first_round(&store, batch.metric, q, ef);
+                                batch.answer(&store, first + j, &chunk[j..=j], vec![round], false);
+                            }
                         }
                     }
                 }
@@ -256,15 +269,26 @@ impl GraphView for Copy {
     }
 }
 
+/// A query's first round of results, and how to go on: its search, or
+/// (answered by the worker) the nodes handed out, from which a search on
+/// the pages resumes.
+struct First {
+    search: Option<Search>,
+    hits: Vec<Hit>,
+    handed: Vec<u32>,
+}
+
 /// A query's search and its first round of results.
-fn first_round<G: GraphView>(g: &G, metric: Metric, q: &[f32], ef: usize) -> (Search, Vec<Hit>) {
+fn first_round<G: GraphView>(g: &G, metric: Metric, q: &[f32], ef: usize) -> First {
     let mut search = Search::new(g, metric, q);
     let hits = search.next_round(g, ef);
-    (search, hits)
+    First { search: Some(search), hits, handed: Vec::new() }
 }
 
 /// What turns searches into answer rows.
 struct Batch<'a> {
+    /// the index's pages
+    store: &'a PageStore,
     visible: Visible,
     metric: Metric,
     mode: IterativeScan,
@@ -274,29 +298,26 @@ struct Batch<'a> {
 }
 
 impl Batch<'_> {
-    /// The rows of queries `first`, `first` + 1, …, each from its search
-    /// and first round: hits as iterative_scan lets them through, those
-    /// with a visible version, further rounds (on `g`, where the first ran)
-    /// until k rows or none left, as an ORDER BY scan with LIMIT k.
+    /// The rows of queries `first`, `first` + 1, …, each from its first
+    /// round: hits as iterative_scan lets them through, those with a
+    /// visible version, further rounds (on `g`, where the search ran: the
+    /// pages for a worker's answer) until k rows or none left, as an ORDER
+    /// BY scan with LIMIT k.
     ///
-    /// Hits found on a copy (`pages` holds the index's pages and the
-    /// queries) are nodes: each is read again from its page for its row
-    /// and its distance now (a node VACUUM freed or reused since the copy
-    /// was taken is then skipped, or answers for its new row).
-    fn answer<G: GraphView>(
-        &mut self,
-        g: &G,
-        first: usize,
-        searches: Vec<(Search, Vec<Hit>)>,
-        pages: Option<(&PageStore, &[&[f32]])>,
-    ) {
-        for (j, (mut search, mut hits)) in searches.into_iter().enumerate() {
+    /// Hits found on a copy (`on_copy`) are nodes: each is read again from
+    /// its page for its row and its distance now (a node VACUUM freed or
+    /// reused since the copy was taken is then skipped, or answers for its
+    /// new row). A worker's hits were checked against the pages already.
+    fn answer<G: GraphView>(&mut self, g: &G, first: usize, queries: &[&[f32]], firsts: Vec<First>, on_copy: bool) {
+        let store = self.store;
+        for (j, mut f) in firsts.into_iter().enumerate() {
             pg_sys::check_for_interrupts!();
-            let prepared = pages.map(|(_, queries)| self.metric.prepare_query(queries[j]));
+            let prepared = on_copy.then(|| self.metric.prepare_query(queries[j]));
             let (mut last, mut rounds, mut rank) = (f32::NEG_INFINITY, 1, 0);
+            let mut hits = std::mem::take(&mut f.hits);
             'rounds: while !hits.is_empty() {
                 for mut hit in hits.drain(..) {
-                    if let (Some((store, _)), Some(q)) = (pages, &prepared) {
+                    if let Some(q) = &prepared {
                         let m = self.metric;
                         match store.visit(hit.node, |x| m.search_distance(q, x)) {
                             Some(v) if !v.deleted => (hit.payload, hit.dist) = (v.payload, v.dist),
@@ -317,6 +338,11 @@ impl Batch<'_> {
                 if !admit::another_round(self.mode, rounds) {
                     break;
                 }
+                let search = f.search.get_or_insert_with(|| {
+                    // the worker answered the first round: go on from its nodes
+                    worker::cpu_after_worker();
+                    Search::resume(g, self.metric, queries[j], &f.handed)
+                });
                 hits = search.next_round(g, self.ef);
                 rounds += 1;
             }

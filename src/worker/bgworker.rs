@@ -26,12 +26,13 @@ use pgrx::bgworkers::{BackgroundWorker, SignalWakeFlags};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 
-use super::device::{Device, Hits, Start};
-use super::gpu::GpuPending;
+use super::batch_area::Area;
+use super::device::{BatchStart, Device, Handle, Hits, Start};
+use super::gpu::{GpuBatch, GpuPending};
 use super::image::Key;
 use super::outcome::Outcome;
 use super::residency::{Lookup, Residency};
-use super::ring::{State, MAX_HITS};
+use super::ring::{Request, State, MAX_HITS};
 use super::shmem::{shared, Shared};
 use super::stats::add;
 use super::{nap, set_latch, sleep};
@@ -192,12 +193,16 @@ struct InFlight {
     taken_at: i64,
     /// gpu_graph.worker_delay: not answered before this
     due: Instant,
+    /// queries of a batch (0: a scan's one query)
+    batch: u32,
     work: Work,
 }
 
 enum Work {
     Done(Result<Hits, Outcome>),
     Gpu(GpuPending),
+    /// a batch on the device, its segment attached
+    Batch(Area, Box<GpuBatch>),
 }
 
 struct Worker {
@@ -329,8 +334,9 @@ impl Worker {
             log!("gpu_graph search worker: failing on purpose (gpu_graph.inject_fault)");
             self.device.inject_fault();
         }
-        let query = &req.query[..req.dim as usize];
+        let query = &req.query[..(req.dim as usize).min(req.query.len())];
         let work = match self.residency.lookup(Key::of(req), req.generation, req.need) {
+            Lookup::Ready(r) if req.batch_n > 0 => batch_work(&self.device, &r.handle, req)?,
             Lookup::Ready(r) => match self.device.start(&r.handle, query, req.k as usize, req.ef as usize) {
                 Ok(Start::Done(hits)) => Work::Done(Ok(hits)),
                 Ok(Start::Pending(p)) => Work::Gpu(p),
@@ -344,7 +350,7 @@ impl Worker {
             }
         };
         let due = Instant::now() + Duration::from_millis(req.delay_ms as u64);
-        self.inflight.push(InFlight { slot: i, seq, taken_at, due, work });
+        self.inflight.push(InFlight { slot: i, seq, taken_at, due, batch: req.batch_n, work });
         Ok(())
     }
 
@@ -363,6 +369,20 @@ impl Worker {
                 slot.answer(f.seq);
                 self.inflight.swap_remove(i);
                 continue;
+            }
+            if let Work::Batch(area, b) = &mut f.work {
+                match self.device.poll_batch(b) {
+                    Ok(None) => {
+                        on_device = true;
+                        i += 1;
+                        continue;
+                    }
+                    Ok(Some(answers)) => {
+                        area.write(answers.iter().map(|a| a.iter().map(|h| h.1)));
+                        f.work = Work::Done(Ok(Vec::new()));
+                    }
+                    Err(o) => f.work = Work::Done(Err(failed(&self.device, o)?)),
+                }
             }
             if let Work::Gpu(p) = &mut f.work {
                 match self.device.poll(p) {
@@ -394,6 +414,13 @@ impl Worker {
         let (procno, reply) = unsafe { (slot.request().procno, slot.reply_mut()) };
         let c = &self.shared.counters;
         match f.work {
+            Work::Done(Ok(_)) if f.batch > 0 => {
+                // SAFETY: reads the clock; any process may.
+                let now = unsafe { pg_sys::GetCurrentTimestamp() };
+                add(&c.batch_us, (now - f.taken_at).max(0) as u64);
+                reply.n = 0; // the answers are in the batch's segment
+                reply.outcome = Outcome::Answered;
+            }
             Work::Done(Ok(hits)) => {
                 add(&c.searched, 1);
                 // SAFETY: reads the clock; any process may.
@@ -410,7 +437,7 @@ impl Worker {
                 reply.n = 0;
                 reply.outcome = o;
             }
-            Work::Gpu(_) => unreachable!("answered only when done"),
+            Work::Gpu(_) | Work::Batch(..) => unreachable!("answered only when done"),
         }
         // SAFETY: as for `now` above.
         reply.answered_at = unsafe { pg_sys::GetCurrentTimestamp() };
@@ -419,6 +446,27 @@ impl Worker {
             set_latch(procno);
         }
     }
+}
+
+/// A batch's searches (gpu_graph_search_batch), started on the device with
+/// its segment attached; answered at once when the device is the CPU (its
+/// answers then already written). A backend that let go of the segment
+/// gets Absent (it no longer waits).
+fn batch_work(device: &Device, h: &Handle, req: &Request) -> Result<Work, String> {
+    let (n, dim, hits) = (req.batch_n as usize, req.dim as usize, req.ef as usize);
+    // SAFETY: the worker's main thread (gpu_graph_worker_main), with its
+    // resource owner.
+    let Some(mut area) = (unsafe { Area::attach(req.batch_dsm, n, dim, hits) }) else {
+        return Ok(Work::Done(Err(Outcome::Absent)));
+    };
+    Ok(match device.start_batch(h, area.queries(), dim, req.k as usize, req.ef as usize) {
+        Ok(BatchStart::Done(answers)) => {
+            area.write(answers.iter().map(|a| a.iter().map(|h| h.1)));
+            Work::Done(Ok(Vec::new()))
+        }
+        Ok(BatchStart::Pending(b)) => Work::Batch(area, Box::new(b)),
+        Err(o) => Work::Done(Err(failed(device, o)?)),
+    })
 }
 
 /// A failed search: its outcome for the backend, or Err when the device

@@ -26,8 +26,9 @@ use gpu_graph_engine::search::Hit;
 use gpu_graph_engine::store::GraphView;
 use pgrx::pg_sys;
 
+use super::batch_area::Area;
 use super::outcome::Outcome;
-use super::ring::{Slot, MAX_HITS, MAX_QUERY_DIM};
+use super::ring::{Reply, Request, Slot, MAX_HITS, MAX_QUERY_DIM};
 use super::shmem::{shared, Shared};
 use super::stats::{add, counters, record};
 use super::{nap, set_latch};
@@ -128,6 +129,35 @@ unsafe extern "C-unwind" fn let_go_at_exit(_code: i32, _arg: pg_sys::Datum) {
 /// # Safety
 /// `index` must be an open index relation.
 unsafe fn ask(index: pg_sys::Relation, meta: &Meta, query: &[f32], ef: usize) -> Result<Vec<u32>, Outcome> {
+    let timeout = Duration::from_millis(GPU_TIMEOUT.get() as u64);
+    let fill = |r: &mut Request| r.query[..query.len()].copy_from_slice(query);
+    // SAFETY: the caller's contract.
+    unsafe {
+        exchange(index, meta, query.len(), ef, timeout, fill, |reply, submitted_at| {
+            // SAFETY: reads the clock; any backend may.
+            let now = pg_sys::GetCurrentTimestamp();
+            let c = counters();
+            c.latency.roundtrip.record(now - submitted_at);
+            c.latency.wake.record(now - reply.answered_at);
+            reply.nodes[..reply.n as usize].to_vec()
+        })
+    }
+}
+
+/// Claims a slot, fills its request (`fill` the query part), submits and
+/// waits up to `timeout`; `read` takes what it needs of an answered reply.
+///
+/// # Safety
+/// `index` must be an open index relation.
+unsafe fn exchange<T>(
+    index: pg_sys::Relation,
+    meta: &Meta,
+    dim: usize,
+    ef: usize,
+    timeout: Duration,
+    fill: impl FnOnce(&mut Request),
+    read: impl FnOnce(&Reply, i64) -> T,
+) -> Result<T, Outcome> {
     let shared = shared().ok_or(Outcome::Absent)?;
     shared.worker().ok_or(Outcome::Absent)?;
     // SAFETY: `index` is open (the caller's contract), with its relcache
@@ -136,7 +166,7 @@ unsafe fn ask(index: pg_sys::Relation, meta: &Meta, query: &[f32], ef: usize) ->
     // SAFETY: as above.
     let persistence = unsafe { (*rel.rd_rel).relpersistence } as u8;
     // a temporary index lives in this backend's local buffers
-    if persistence == pg_sys::RELPERSISTENCE_TEMP || query.len() > MAX_QUERY_DIM {
+    if persistence == pg_sys::RELPERSISTENCE_TEMP || dim > MAX_QUERY_DIM {
         return Err(Outcome::Unfit);
     }
     let claim = Claim::new(shared).ok_or(Outcome::Busy)?;
@@ -160,33 +190,89 @@ unsafe fn ask(index: pg_sys::Relation, meta: &Meta, query: &[f32], ef: usize) ->
         r.ef = ef.min(MAX_HITS) as u32;
         r.k = r.ef;
         r.delay_ms = WORKER_DELAY.get() as u32;
-        r.dim = query.len() as u32;
+        r.dim = dim as u32;
         r.submitted_at = submitted_at;
-        r.query[..query.len()].copy_from_slice(query);
+        r.batch_n = 0;
+        r.batch_dsm = 0;
+        fill(r);
     }
     claim.slot.submit(claim.seq);
     set_latch(shared.worker_procno.load(Ordering::Acquire));
-    wait(shared, &claim, starts)?;
+    wait(shared, &claim, starts, timeout)?;
     // SAFETY: wait returned Ok: the slot is DONE under the claim's sequence number.
     let reply = unsafe { claim.slot.reply() };
     match reply.outcome {
-        Outcome::Answered => {
-            // SAFETY: as for submitted_at.
-            let now = unsafe { pg_sys::GetCurrentTimestamp() };
-            let c = counters();
-            c.latency.roundtrip.record(now - submitted_at);
-            c.latency.wake.record(now - reply.answered_at);
-            Ok(reply.nodes[..reply.n as usize].to_vec())
-        }
+        Outcome::Answered => Ok(read(reply, submitted_at)),
         other => Err(other),
     }
+}
+
+/// Queries of a batch sent to the worker at a time: one segment of at most
+/// BATCH_QUERIES, and of at most BATCH_BYTES of queries.
+const BATCH_QUERIES: usize = 8192;
+const BATCH_BYTES: usize = 32 << 20;
+
+/// The most queries of `dim` values one segment to the worker takes.
+pub fn batch_segment(dim: usize) -> usize {
+    BATCH_QUERIES.min(BATCH_BYTES / (4 * dim.max(1))).max(1)
+}
+
+/// How long a batch may take in the worker before its queries search on
+/// the CPU instead: gpu_graph.gpu_timeout and 10 ms per 1,000 queries.
+fn batch_timeout(n: usize) -> Duration {
+    Duration::from_millis(GPU_TIMEOUT.get() as u64 + 10 * n.div_ceil(1000) as u64)
+}
+
+/// The first rounds of a batch's queries (gpu_graph_search_batch) from the
+/// worker's batch search, each checked against the pages as a scan's first
+/// round is; None when they are to search on the CPU (too many values for
+/// one segment, a worker that is absent, busy, stale or failed).
+///
+/// # Safety
+/// `index` must be the open index `store` reads.
+pub unsafe fn batch_first_rounds(
+    index: pg_sys::Relation,
+    meta: &Meta,
+    store: &PageStore,
+    queries: &[&[f32]],
+    ef: usize,
+) -> Option<Vec<Answer>> {
+    let (n, dim) = (queries.len(), queries.first()?.len());
+    let wanted = match SEARCH_DEVICE.get() {
+        SearchDevice::Cpu => false,
+        SearchDevice::Gpu => true,
+        SearchDevice::Auto => shared().is_some_and(|s| s.configured),
+    };
+    if !wanted || n > batch_segment(dim) {
+        return None;
+    }
+    let hits = ef.min(MAX_HITS);
+    let mut area = Area::create(n, dim, hits);
+    for (dst, q) in area.queries_mut().chunks_exact_mut(dim).zip(queries) {
+        dst.copy_from_slice(q);
+    }
+    let handle = area.handle();
+    let fill = |r: &mut Request| (r.batch_n, r.batch_dsm) = (n as u32, handle);
+    // SAFETY: the caller's contract.
+    let r = unsafe { exchange(index, meta, dim, ef, batch_timeout(n), fill, |_, _| ()) };
+    let c = counters();
+    add(&c.batches, 1);
+    if let Err(o) = r {
+        add(&c.batches_cpu, 1);
+        pgrx::debug1!("gpu_graph: a batch of {n} queries searches on the CPU: the worker answered {o:?}");
+        return None;
+    }
+    add(&c.batch_queries, n as u64);
+    let t = Instant::now();
+    let answers = queries.iter().enumerate().map(|(j, q)| verify(store, meta, q, area.answer(j).to_vec())).collect();
+    c.latency.verify.record(t.elapsed().as_micros() as i64 / n as i64);
+    Some(answers)
 }
 
 /// Sleeps on the latch until the slot is answered, the timeout passes or the
 /// worker is gone. Interrupts are served while waiting: a cancel raises its
 /// ERROR here and the claim lets go of the slot as the ERROR unwinds.
-fn wait(shared: &Shared, claim: &Claim, starts: u64) -> Result<(), Outcome> {
-    let timeout = Duration::from_millis(GPU_TIMEOUT.get() as u64);
+fn wait(shared: &Shared, claim: &Claim, starts: u64, timeout: Duration) -> Result<(), Outcome> {
     let t0 = Instant::now();
     loop {
         if claim.slot.state() == (claim.seq, super::ring::State::Done) {

@@ -5,7 +5,7 @@
 use gpu_graph_engine::flat::FlatIndex;
 use gpu_graph_engine::search::search;
 
-use super::gpu::{GpuPending, GpuResident, GpuSearch};
+use super::gpu::{GpuBatch, GpuPending, GpuResident, GpuSearch};
 use super::outcome::Outcome;
 use super::shmem::{DEVICE_CPU, DEVICE_GPU};
 use crate::gucs::WorkerDevice;
@@ -29,6 +29,11 @@ pub enum Handle {
 pub enum Start {
     Done(Hits),
     Pending(GpuPending),
+}
+
+pub enum BatchStart {
+    Done(Vec<Hits>),
+    Pending(GpuBatch),
 }
 
 impl Device {
@@ -92,6 +97,43 @@ impl Device {
             }
             (Device::Gpu(g), Handle::Gpu(r)) => g.submit(r, query, k, ef).map(Start::Pending),
             (Device::Cpu, Handle::Gpu(_)) => unreachable!("a GPU copy without a GPU"),
+        }
+    }
+
+    /// Starts the searches of a batch (`queries`: `dim` values each, as
+    /// the user gave them), each as [`Device::start`] would.
+    pub fn start_batch(
+        &self,
+        h: &Handle,
+        queries: &[f32],
+        dim: usize,
+        k: usize,
+        ef: usize,
+    ) -> Result<BatchStart, Outcome> {
+        let n = queries.len() / dim.max(1);
+        match (self, h) {
+            (_, Handle::Empty) => Ok(BatchStart::Done(vec![Vec::new(); n])),
+            (_, Handle::Cpu(_)) => Ok(BatchStart::Done(
+                queries
+                    .chunks_exact(dim)
+                    .map(|q| {
+                        self.start(h, q, k, ef).map(|s| match s {
+                            Start::Done(hits) => hits,
+                            Start::Pending(_) => unreachable!("the CPU answers at once"),
+                        })
+                    })
+                    .collect::<Result<_, _>>()?,
+            )),
+            (Device::Gpu(g), Handle::Gpu(r)) => g.submit_batch(r, queries, dim, k, ef).map(BatchStart::Pending),
+            (Device::Cpu, Handle::Gpu(_)) => unreachable!("a GPU copy without a GPU"),
+        }
+    }
+
+    /// The answers of a started batch, when they are there.
+    pub fn poll_batch(&self, b: &GpuBatch) -> Result<Option<Vec<Hits>>, Outcome> {
+        match self {
+            Device::Gpu(g) => g.poll_batch(b),
+            Device::Cpu => unreachable!("the CPU answers at once"),
         }
     }
 

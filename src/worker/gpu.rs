@@ -4,7 +4,7 @@
 
 use gpu_graph_engine::flat::FlatIndex;
 use gpu_graph_engine::metric::Metric;
-use gpu_graph_gpu::search::{Patch, ResidentId, SearchError, SearchServer, ServerConfig, Ticket};
+use gpu_graph_gpu::search::{BatchTicket, Patch, ResidentId, SearchError, SearchServer, ServerConfig, Ticket};
 use gpu_graph_gpu::{Gpu, GpuError};
 
 use super::device::Hits;
@@ -22,6 +22,8 @@ pub struct GpuResident {
 }
 
 pub struct GpuPending(Ticket);
+
+pub struct GpuBatch(BatchTicket);
 
 /// What a failed request means for the scan that made it. A server that is
 /// closed or poisoned answers Error here; [`GpuSearch::health`] then tells
@@ -94,6 +96,25 @@ impl GpuSearch {
 
     pub fn poll(&self, p: &mut GpuPending) -> Result<Option<Hits>, Outcome> {
         self.server.poll(&mut p.0).map(|a| a.map(|a| a.hits)).map_err(outcome)
+    }
+
+    /// A batch of queries (as the user gave them, `dim` values each) for
+    /// the batch kernel.
+    pub fn submit_batch(
+        &self,
+        r: &GpuResident,
+        queries: &[f32],
+        dim: usize,
+        k: usize,
+        ef: usize,
+    ) -> Result<GpuBatch, Outcome> {
+        let k = k.min(self.server.info().k_max);
+        let prepared: Vec<f32> = queries.chunks_exact(dim.max(1)).flat_map(|q| r.metric.prepare_query(q)).collect();
+        self.server.submit_batch(r.id, &prepared, k, ef).map(GpuBatch).map_err(outcome)
+    }
+
+    pub fn poll_batch(&self, b: &GpuBatch) -> Result<Option<Vec<Hits>>, Outcome> {
+        self.server.poll_batch(&b.0).map_err(outcome)
     }
 
     /// gpu_graph.inject_fault: a fault inside the kernel.

@@ -19,6 +19,7 @@
 //! busy, slow, has no current copy, or fails, the scan searches on the CPU
 //! as it would without it.
 
+mod batch_area;
 mod bgworker;
 mod changes;
 mod client;
@@ -36,7 +37,7 @@ mod stats;
 use crate::latch::{nap, sleep};
 use pgrx::pg_sys;
 
-pub use client::first_round;
+pub use client::{batch_first_rounds, batch_segment, first_round};
 pub use gpu_builds::GpuBuild;
 pub use stats::{index_info, SearchInfo};
 

@@ -96,6 +96,11 @@ pub struct Request {
     pub dim: u32,
     /// GetCurrentTimestamp() at submission
     pub submitted_at: i64,
+    /// a batch (gpu_graph_search_batch) of this many queries, in the
+    /// dynamic shared memory segment `batch_dsm` (worker::batch_area),
+    /// answered there; 0: one query, in `query`
+    pub batch_n: u32,
+    pub batch_dsm: u32,
     /// the query as the user gave it (`dim` values)
     pub query: [f32; MAX_QUERY_DIM],
 }

@@ -50,6 +50,13 @@ pub struct Counters {
     /// reads of the change log and the patches after them that took over
     /// 10 ms (the requests taken wait for them)
     pub slow_syncs: AtomicU64,
+    /// batches (gpu_graph_search_batch, a segment of queries each) that
+    /// asked the worker, those searched on the CPU instead, the queries the
+    /// worker answered, and its time on them (take to answer)
+    pub batches: AtomicU64,
+    pub batches_cpu: AtomicU64,
+    pub batch_queries: AtomicU64,
+    pub batch_us: AtomicU64,
     /// each step of a worker-served scan, as histograms (and their means)
     pub latency: Latencies,
 }
@@ -72,6 +79,10 @@ impl Counters {
             patch_us: AtomicU64::new(0),
             patch_read_us: AtomicU64::new(0),
             slow_syncs: AtomicU64::new(0),
+            batches: AtomicU64::new(0),
+            batches_cpu: AtomicU64::new(0),
+            batch_queries: AtomicU64::new(0),
+            batch_us: AtomicU64::new(0),
             latency: Latencies::new(),
         }
     }
@@ -217,6 +228,7 @@ struct WorkerStats {
     fallbacks: BTreeMap<&'static str, u64>,
     requests: Requests,
     residency: Residency,
+    batches: Batches,
     /// microseconds of each step of a worker-served scan: count, p50, p90, p99
     latency_us: LatencyJson,
 }
@@ -253,6 +265,18 @@ struct Requests {
     mean_queue_us: Option<f64>,
     mean_search_us: Option<f64>,
     mean_roundtrip_us: Option<f64>,
+}
+
+#[derive(Serialize)]
+struct Batches {
+    /// segments of gpu_graph_search_batch's queries that asked the worker,
+    /// and those searched on the CPU instead
+    asked: u64,
+    cpu: u64,
+    /// queries the worker answered, its time on them and queries/s
+    queries: u64,
+    worker_ms: f64,
+    worker_queries_per_s: Option<f64>,
 }
 
 #[derive(Serialize)]
@@ -323,6 +347,13 @@ fn gpu_graph_worker_stats() -> JsonB {
             indexes: shared()
                 .map(|s| s.residents.read().iter().filter(|e| visible(e.db_node)).map(ResidentJson::of).collect())
                 .unwrap_or_default(),
+        },
+        batches: Batches {
+            asked: get(&c.batches),
+            cpu: get(&c.batches_cpu),
+            queries: get(&c.batch_queries),
+            worker_ms: get(&c.batch_us) as f64 / 1000.0,
+            worker_queries_per_s: mean(get(&c.batch_queries) * 1_000_000, get(&c.batch_us)),
         },
         latency_us: LatencyJson::of(&c.latency),
     };

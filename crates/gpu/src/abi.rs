@@ -147,12 +147,35 @@ abi_structs! {
         pub max_qwords: u32,
         pub max_sleep_ns: u32,
     }
+
+    /// The large-batch kernel's one parameter, passed by value.
+    pub struct BatchParams {
+        pub indexes: u64,
+        pub queries: u64,
+        pub visited: u64,
+        pub hits: u64,
+        pub counts: u64,
+        pub n_indexes: u32,
+        pub index: u32,
+        pub gen: u32,
+        pub n: u32,
+        pub qwords: u32,
+        pub k: u32,
+        pub list: u32,
+        pub max_expand: u32,
+        pub offset_beam: u32,
+        pub beam: u32,
+        pub visited_log2: u32,
+        pub visit_base: u32,
+    }
 }
 
 // SAFETY: plain old data of fixed-width fields, laid out as abi.h's struct
 // (checked by the tests and the NVRTC static_asserts), so its bytes are the
 // kernel's parameter.
 unsafe impl DeviceRepr for SearchParams {}
+// SAFETY: as for SearchParams.
+unsafe impl DeviceRepr for BatchParams {}
 
 /// The slot word of query `seq` searched by `ctas` CTAs.
 pub fn cmd_word(seq: u32, ctas: u32) -> u32 {

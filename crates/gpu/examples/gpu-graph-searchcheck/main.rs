@@ -10,7 +10,9 @@
 //!    same ef (more than 0.01 below fails);
 //! 4. with 1, 16, 64 submitter threads: queries/s, p50/p99 latency (submit
 //!    to answer) and recall@10 at each ef;
-//! 5. deletes (never returned after update_flags), both indexes at once,
+//! 5. the batch kernel: answers and recall as in 3, queries/s by batch
+//!    size, single queries beside a large batch;
+//! 6. deletes (never returned after update_flags), both indexes at once,
 //!    unload, Busy, abandoned tickets, shutdown (memory freed), and a fault
 //!    injected into the kernel: every call errs, then a new process serves
 //!    again.
@@ -22,6 +24,7 @@
 //! Policy and variant keys: ctas (per slot), per (list per CTA), seeds,
 //! beam, offset, capf, cape.
 
+mod batch;
 #[path = "../common/mod.rs"]
 mod common;
 mod extras;
@@ -347,6 +350,7 @@ fn main() {
         if o.variant_threads.is_empty() { vec![*o.threads.last().unwrap_or(&64)] } else { o.variant_threads.clone() };
     let runs = throughput::Runs { server: &server, id, ix: &ix, data: &data, efs: &o.efs, cpu: &cpu, secs: o.secs };
     runs.all(pol, &o.threads, &o.variant, &variant_threads, &mut verdict);
+    batch::run(&server, (id, ip_id), &ix, &data, &o.efs, &cpu, &mut verdict);
     if !o.no_extra {
         extras::run(&server, (id, ip_id), &ix, &data, &o.efs, &mut verdict);
     }

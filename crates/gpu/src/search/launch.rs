@@ -23,7 +23,8 @@ pub(crate) enum KernelState {
 }
 
 pub(crate) struct Kernel {
-    _module: Arc<CudaModule>,
+    /// also holds the batch kernel (search_batch)
+    pub module: Arc<CudaModule>,
     func: CudaFunction,
     pub stream: Arc<CudaStream>,
     pub compile_ms: f64,
@@ -41,7 +42,7 @@ impl Kernel {
                 .map_err(|e| cuda("raising the kernel's shared memory", e))?;
         }
         let stream = gpu.ctx.new_stream().map_err(|e| cuda("creating the kernel's stream", e))?;
-        Ok(Kernel { _module: module, func, stream, compile_ms: t.elapsed().as_secs_f64() * 1e3 })
+        Ok(Kernel { module, func, stream, compile_ms: t.elapsed().as_secs_f64() * 1e3 })
     }
 
     /// Resident single-warp blocks per SM at `smem` bytes each.

@@ -83,6 +83,7 @@
 //!
 //! Measurements of plans and throughput: docs/benchmarks.md.
 
+pub mod batch;
 mod health;
 mod launch;
 pub mod merge;
@@ -92,6 +93,7 @@ pub mod server;
 pub mod sim;
 mod slots;
 
+pub use batch::{BatchAnswers, BatchTicket};
 pub use merge::merge_lists;
 pub use plan::{QueryPlan, SearchPolicy, ServerConfig, DEFAULT_CTAS_PER_SLOT};
 pub use registry::{Patch, ResidentId, ResidentInfo};

@@ -101,6 +101,17 @@ impl Resident {
     pub fn info(&self) -> ResidentInfo {
         ResidentInfo { n: self.n(), stored_dim: self.dim, degree: self.degree, half: self.fmt.half, bytes: self.bytes }
     }
+    /// A prepared query (`dim` values) as the kernel reads it: `fmt.qwords`
+    /// floats, zero-padded; for inner product the last stored coordinate
+    /// is zeroed (-dot over the first dim - 1 only).
+    pub fn query_row(&self, query: &[f32], row: &mut [f32]) {
+        row.fill(0.0);
+        row[..query.len()].copy_from_slice(query);
+        if self.ip {
+            row[self.dim - 1] = 0.0;
+        }
+    }
+
     /// Whether `node` may be returned now.
     pub fn is_result(&self, node: u32) -> bool {
         (node as usize) < self.n() && node::is_result(self.flags[node as usize].load(Ordering::Relaxed))

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use cudarc::driver::CudaContext;
 use gpu_graph_engine::flat::FlatIndex;
 
+use super::batch::{BatchAnswers, BatchKernel, BatchTicket};
 use super::health::Health;
 use super::launch::Kernel;
 use super::plan::{QueryPlan, SearchPolicy, ServerConfig, Sizing};
@@ -92,7 +93,14 @@ pub struct ServerInfo {
     /// pinned host bytes
     pub pinned_bytes: usize,
     pub compile_ms: f64,
+    /// blocks of a batch launch (each with its own visited table)
+    pub batch_blocks: usize,
+    /// resident blocks per SM of the batch kernel at the largest shared size
+    pub batch_blocks_per_sm: u32,
 }
+
+/// Most blocks of a batch launch (each has a visited table of its own).
+const MAX_BATCH_BLOCKS: usize = 4096;
 
 /// A submitted query. Dropping it unanswered abandons it: its slot returns
 /// to the pool once the GPU finishes. It does not keep the server (or the
@@ -143,6 +151,7 @@ struct Inner {
     /// Freed only once the kernel has exited (or the context is gone): a
     /// kernel that would not stop keeps reading them, so they are leaked.
     kernel: ManuallyDrop<Kernel>,
+    batch: ManuallyDrop<BatchKernel>,
     slots: ManuallyDrop<Slots>,
     registry: ManuallyDrop<Registry>,
     stopped: std::sync::atomic::AtomicBool,
@@ -164,10 +173,25 @@ impl SearchServer {
             let kernel = Kernel::load(gpu, z.smem)?;
             let per_sm = kernel.blocks_per_sm(z.smem)?;
             z.fit(&cfg, per_sm, gpu.info.sm_count as usize)?;
-            gpu.reserve(z.device_bytes(), "the GPU search server")?;
+            // the batch kernel's blocks: what the persistent kernel's leave
+            // resident (at least two an SM), each with a visited table
+            let sms = gpu.info.sm_count as usize;
+            let batch_per_sm = BatchKernel::blocks_per_sm(&kernel.module, z.smem)?;
+            let batch_blocks = (batch_per_sm * sms).saturating_sub(z.slots * z.ctas).clamp(2 * sms, MAX_BATCH_BLOCKS);
+            let batch_bytes = BatchKernel::device_bytes(batch_blocks, z.visited_log2);
+            gpu.reserve(z.device_bytes() + batch_bytes, "the GPU search server")?;
             let mgmt = gpu.ctx.new_stream().map_err(|e| cuda("creating a stream", e))?;
             let slots = Slots::new(&gpu.ctx, &z, &mgmt)?;
             let registry = Registry::new(&z, cfg.max_dim, cfg.half_when_exact, mgmt)?;
+            let batch = BatchKernel::new(
+                gpu,
+                &kernel.module,
+                batch_blocks,
+                z.visited_log2,
+                z.smem,
+                registry.table_addr(),
+                z.max_indexes,
+            )?;
             let mut params = SearchParams {
                 indexes: registry.table_addr(),
                 n_indexes: z.max_indexes as u32,
@@ -188,9 +212,11 @@ impl SearchServer {
                 k_max: z.k_max,
                 max_dim: cfg.max_dim,
                 stream_mem_ops: slots.stream_mem_ops.clone(),
-                device_bytes: z.device_bytes(),
+                device_bytes: z.device_bytes() + batch_bytes,
                 pinned_bytes: z.pinned_bytes(),
                 compile_ms: kernel.compile_ms,
+                batch_blocks,
+                batch_blocks_per_sm: batch_per_sm as u32,
             };
             let inner = Inner {
                 info,
@@ -198,6 +224,7 @@ impl SearchServer {
                 allow_fault: cfg.allow_fault_injection,
                 health: Health::new(),
                 kernel: ManuallyDrop::new(kernel),
+                batch: ManuallyDrop::new(batch),
                 slots: ManuallyDrop::new(slots),
                 registry: ManuallyDrop::new(registry),
                 stopped: Default::default(),
@@ -293,6 +320,51 @@ impl SearchServer {
         ef: usize,
     ) -> Result<Ticket, SearchError> {
         Inner::submit(&self.inner, Some(group), index, query, k, &self.plan(k, ef))
+    }
+
+    /// The plan of each query of a batch: one CTA with a beam of
+    /// max(ef, k), the CPU's search.
+    pub fn batch_plan(&self, k: usize, ef: usize) -> QueryPlan {
+        self.inner.policy.plan_with(1, ef.max(k).max(1))
+    }
+
+    /// Submits `queries` (prepared like `Metric::prepare_query`, stored_dim
+    /// values each, one after another) for their `k` nearest with beam
+    /// `ef`, searched together by the batch kernel (see [`super::batch`]).
+    /// Returns at once; [`SearchServer::poll_batch`] gives the answers.
+    pub fn submit_batch(
+        &self,
+        index: ResidentId,
+        queries: &[f32],
+        k: usize,
+        ef: usize,
+    ) -> Result<BatchTicket, SearchError> {
+        let i = &self.inner;
+        i.health.usable()?;
+        let res = i.registry.resident(index)?;
+        let bad = |s: String| Err(SearchError::Invalid(s));
+        let n = queries.len() / res.dim;
+        if n == 0 || n * res.dim != queries.len() || n >= 1 << 31 {
+            return bad(format!("{} values for queries of stored dimension {}", queries.len(), res.dim));
+        }
+        if k == 0 || k > i.info.k_max {
+            return bad(format!("k = {k} (1 to {})", i.info.k_max));
+        }
+        let plan = self.batch_plan(k, ef);
+        if plan.list as usize > i.info.list_cap {
+            return bad(format!("a beam of {} (at most {} in a batch)", plan.list, i.info.list_cap));
+        }
+        let r = i.batch.submit(&i.registry, res, queries, k, &plan).map_err(SearchError::from);
+        i.fatal_or(r)
+    }
+
+    /// A batch's answers if the GPU has finished, without blocking: each
+    /// query's (search distance, node), ascending, distinct, no deleted node.
+    pub fn poll_batch(&self, ticket: &BatchTicket) -> Result<Option<BatchAnswers>, SearchError> {
+        let i = &self.inner;
+        i.health.usable()?;
+        let r = ticket.poll().map_err(|why| SearchError::Gpu(GpuError::Cuda(why)));
+        i.fatal_or(r)
     }
 
     /// The answer if the GPU has finished, without blocking.
@@ -521,6 +593,7 @@ impl Drop for Inner {
             unsafe {
                 ManuallyDrop::drop(&mut self.registry);
                 ManuallyDrop::drop(&mut self.slots);
+                ManuallyDrop::drop(&mut self.batch);
                 ManuallyDrop::drop(&mut self.kernel);
             }
         }

@@ -279,12 +279,7 @@ impl Slots {
                 base.add(std::mem::size_of::<RequestHead>()) as *mut f32,
                 res.fmt.qwords,
             );
-            q.fill(0.0);
-            q[..query.len()].copy_from_slice(query);
-            if res.ip {
-                // -dot over the first stored_dim - 1 coordinates only
-                q[res.dim - 1] = 0.0;
-            }
+            res.query_row(query, q);
             std::slice::from_raw_parts(base as *const u8, bytes)
         };
         // SAFETY: the destination is this slot's request buffer; the source is

@@ -1,0 +1,191 @@
+//! The batch kernel (SearchServer::submit_batch): every answer checked and
+//! recall against the CPU's at the same ef (one CTA a query is the CPU's
+//! search), both indexes; queries/s by batch size against the persistent
+//! kernel's; single queries' latency while a large batch runs.
+
+use std::time::{Duration, Instant};
+
+use gpu_graph_engine::metric::Metric;
+use gpu_graph_engine::recall::mean_recall;
+use gpu_graph_gpu::search::{BatchAnswers, ResidentId, SearchServer};
+
+use crate::common::{cpu_recall, Data, Verdict, K};
+use crate::{check_answer, Indexes, WAIT};
+
+/// Submits one batch and waits for it; its answers and seconds.
+fn run_batch(server: &SearchServer, id: ResidentId, queries: &[f32], ef: usize) -> Result<(BatchAnswers, f64), String> {
+    let t = Instant::now();
+    let ticket = server.submit_batch(id, queries, K, ef).map_err(|e| e.to_string())?;
+    loop {
+        if let Some(a) = server.poll_batch(&ticket).map_err(|e| e.to_string())? {
+            return Ok((a, t.elapsed().as_secs_f64()));
+        }
+        if t.elapsed() > WAIT * 12 {
+            return Err("no answer in 60 s".into());
+        }
+        std::thread::yield_now();
+    }
+}
+
+/// The answers checked one by one; recall@10 (operator distances) and the
+/// first bad answer.
+fn check(
+    answers: &BatchAnswers,
+    ix: &gpu_graph_engine::flat::FlatIndex,
+    queries: &[Vec<f32>],
+    truth: &[Vec<(u32, f64)>],
+) -> (f64, Option<String>) {
+    let mut bad = None;
+    let found: Vec<Vec<f64>> = answers
+        .iter()
+        .zip(queries)
+        .enumerate()
+        .map(|(qi, (a, q))| {
+            if let Some(e) = check_answer(a, ix, K, q, None) {
+                bad.get_or_insert(format!("query {qi}: {e}"));
+            }
+            a.iter().map(|h| ix.metric.to_sql(h.0)).collect()
+        })
+        .collect();
+    (mean_recall(&found, truth, K), bad)
+}
+
+pub fn run(
+    server: &SearchServer,
+    (id, ip_id): (ResidentId, ResidentId),
+    ix: &Indexes,
+    data: &Data,
+    efs: &[usize],
+    cpu: &[f64],
+    v: &mut Verdict,
+) {
+    let si = server.info();
+    println!("batch: {} blocks ({} resident per SM alone), one CTA a query", si.batch_blocks, si.batch_blocks_per_sm);
+    let flat: Vec<f32> = ix.l2_queries.concat();
+    let nq = ix.l2_queries.len();
+    for (ei, &ef) in efs.iter().enumerate() {
+        let plan = server.batch_plan(K, ef);
+        if plan.list as usize > si.list_cap {
+            continue;
+        }
+        match run_batch(server, id, &flat, ef) {
+            Ok((a, secs)) => {
+                let (r, bad) = check(&a, &ix.l2, &ix.l2_queries, &data.truth);
+                v.check(
+                    bad.is_none() && a.len() == nq && r >= cpu[ei] - 0.01,
+                    format!(
+                        "batch ef {ef:>4}: recall@10 {r:.4} (cpu {:.4}), {nq} queries in {:.1} ms = {:.0} queries/s{}",
+                        cpu[ei],
+                        secs * 1e3,
+                        nq as f64 / secs,
+                        bad.map(|b| format!("; {b}")).unwrap_or_default()
+                    ),
+                );
+            }
+            Err(e) => {
+                v.check(false, format!("batch ef {ef}: {e}"));
+            }
+        }
+    }
+    // the inner-product index
+    let ef = *efs.iter().max().unwrap_or(&64);
+    let ip_flat: Vec<f32> = ix.ip_queries.concat();
+    let (cr, _) = cpu_recall(&ix.ip, Metric::InnerProduct, &data.queries, &ix.ip_truth, ef);
+    match run_batch(server, ip_id, &ip_flat, ef) {
+        Ok((a, _)) => {
+            let (r, bad) = check(&a, &ix.ip, &ix.ip_queries, &ix.ip_truth);
+            v.check(
+                bad.is_none() && r >= cr - 0.01,
+                format!(
+                    "batch, inner product index: recall@10 {r:.4} at ef {ef} (cpu {cr:.4}){}",
+                    bad.map(|b| format!("; {b}")).unwrap_or_default()
+                ),
+            );
+        }
+        Err(e) => {
+            v.check(false, format!("batch, inner product index: {e}"));
+        }
+    }
+    sizes(server, id, &flat, ix.l2_queries[0].len(), efs);
+    beside(server, id, ix, &flat, efs, v);
+}
+
+/// Queries/s by batch size (the queries repeated to fill the larger ones),
+/// each size for about half a second.
+fn sizes(server: &SearchServer, id: ResidentId, flat: &[f32], dim: usize, efs: &[usize]) {
+    let nq = flat.len() / dim;
+    for &ef in efs {
+        let mut line = format!("batch ef {ef:>4} queries/s by batch size:");
+        for size in [1usize, 16, 64, 256, 1024, 4096, 16384, 65536, 262144] {
+            let q: Vec<f32> = flat.iter().copied().cycle().take(size * dim).collect();
+            let (mut done, t) = (0usize, Instant::now());
+            while t.elapsed() < Duration::from_millis(500) {
+                match run_batch(server, id, &q, ef) {
+                    Ok(_) => done += size,
+                    Err(e) => {
+                        line += &format!(" {size}: {e};");
+                        break;
+                    }
+                }
+            }
+            line += &format!(" {size}: {:.0}", done as f64 / t.elapsed().as_secs_f64());
+        }
+        println!("{line} ({nq} distinct queries)");
+    }
+}
+
+/// One thread's single queries (the persistent kernel) while a large batch
+/// runs, against the same thread's with no batch.
+fn beside(server: &SearchServer, id: ResidentId, ix: &Indexes, flat: &[f32], efs: &[usize], v: &mut Verdict) {
+    let ef = efs.get(1).copied().unwrap_or(20);
+    let dim = ix.l2_queries[0].len();
+    let singles = |stop: &dyn Fn() -> bool| -> Vec<f64> {
+        let mut lat = Vec::new();
+        for q in ix.l2_queries.iter().cycle() {
+            if stop() || lat.len() >= 20_000 {
+                break;
+            }
+            let t = Instant::now();
+            if server.submit(id, q, K, ef).and_then(|mut tk| server.wait(&mut tk, WAIT)).is_ok() {
+                lat.push(t.elapsed().as_secs_f64() * 1e6);
+            }
+        }
+        lat.sort_by(f64::total_cmp);
+        lat
+    };
+    let p = |l: &[f64], f: f64| {
+        l.get(((l.len() as f64 * f) as usize).min(l.len().saturating_sub(1))).copied().unwrap_or(f64::NAN)
+    };
+    let t0 = Instant::now();
+    let idle = singles(&|| t0.elapsed() > Duration::from_millis(300));
+    let big: Vec<f32> = flat.iter().copied().cycle().take(262_144 * dim).collect();
+    let ticket = match server.submit_batch(id, &big, K, ef) {
+        Ok(t) => t,
+        Err(e) => {
+            v.check(false, format!("batch beside single queries: {e}"));
+            return;
+        }
+    };
+    let tb = Instant::now();
+    let during = singles(&|| !matches!(server.poll_batch(&ticket), Ok(None)));
+    let batch_secs = tb.elapsed().as_secs_f64();
+    let answered = loop {
+        match server.poll_batch(&ticket) {
+            Ok(Some(a)) => break a.len(),
+            Ok(None) => std::thread::yield_now(),
+            Err(_) => break 0,
+        }
+    };
+    v.check(
+        answered == 262_144 && !during.is_empty(),
+        format!(
+            "single queries beside a batch of 262144 (ef {ef}, {:.0} ms): {} answered during it, p50 {:.0} us / p99 {:.0} us (idle: p50 {:.0} / p99 {:.0})",
+            batch_secs * 1e3,
+            during.len(),
+            p(&during, 0.5),
+            p(&during, 0.99),
+            p(&idle, 0.5),
+            p(&idle, 0.99)
+        ),
+    );
+}

@@ -10,7 +10,8 @@
 #
 #   bash tests/gpu/batch.sh DIR l2|cosine|ip [NAME]
 #   env: BATCHES ("10000"), EFS (10,20,40,80), CLIENTS (64), ROWS,
-#        BUILD_DEVICE (gpu), BENCH, SELF_JOIN (1: run it)
+#        BUILD_DEVICE (gpu), BENCH, SELF_JOIN (1: run it),
+#        COUNT_BATCHES ("10000 100000": the count(*) calls' sizes)
 set -euo pipefail
 # shellcheck source=tests/gpu/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -37,6 +38,37 @@ done
 echo "== one query a statement, ${CLIENTS:-64} clients" | tee -a "$log"
 "$bench_bin" "${data[@]}" --skip-load --skip-build --ef "$efs" --clients "${CLIENTS:-64}" "${sets[@]}" 2>&1 |
   sed -n '/ef_search/,/^$/p' | tee -a "$log"
+# SELECT count(*) FROM gpu_graph_search_batch(...) as the issue times it:
+# the query vectors (all of query.fvecs, repeated to COUNT_BATCHES) in one
+# two-dimensional array kept in a table, one call per ef; the worker's own
+# time on the batches from gpu_graph_worker_stats()
+python3 - "$dir/query.fvecs" >/tmp/gg-bq.copy <<'PY'
+import sys, struct
+raw = open(sys.argv[1], 'rb').read()
+d = struct.unpack_from('<i', raw)[0]
+row = 4 * (d + 1)
+for i in range(len(raw) // row):
+    print(f"{i}\t{{{','.join(repr(x) for x in struct.unpack_from(f'<{d}f', raw, i * row + 4))}}}")
+PY
+gg_q -c "DROP TABLE IF EXISTS bq; CREATE TABLE bq (id int, v real[]); ALTER TABLE bq ALTER v SET STORAGE PLAIN" \
+  -c "\\copy bq FROM '/tmp/gg-bq.copy'"
+nbq=$(gg_q -c "SELECT count(*) FROM bq")
+for b in ${COUNT_BATCHES:-10000 100000}; do
+  gg_q -c "DROP TABLE IF EXISTS bq_arr" \
+    -c "CREATE TABLE bq_arr AS SELECT array_agg(v ORDER BY g, id) AS a FROM bq, generate_series(0, ($b - 1) / $nbq) g WHERE g * $nbq + id < $b"
+  for ef in ${efs//,/ }; do
+    s0=$(gg_q -c "SELECT gpu_graph_worker_stats() #>> '{batches,worker_ms}'")
+    t0=$(date +%s%N)
+    rows=$(gg_q -c "SELECT count(*) FROM bq_arr, gpu_graph_search_batch('items_embedding_idx', a, 10, $ef)")
+    t1=$(date +%s%N)
+    stats=$(gg_q -c "SELECT gpu_graph_worker_stats() -> 'batches'")
+    s1=$(gg_q -c "SELECT gpu_graph_worker_stats() #>> '{batches,worker_ms}'")
+    awk -v b="$b" -v ef="$ef" -v rows="$rows" -v a="$t0" -v z="$t1" -v w0="$s0" -v w1="$s1" -v st="$stats" 'BEGIN {
+      s = (z - a) / 1e9; w = (w1 - w0) / 1e3;
+      printf "count(*) of a batch of %d queries, ef %d: %d rows in %.3f s = %.0f queries/s from SQL; the worker %.3f s of it = %.0f queries/s (%s)\n", b, ef, rows, s, b / s, w, (w > 0 ? b / w : 0), st }' | tee -a "$log"
+  done
+done
+
 if [ "${SELF_JOIN:-1}" = 1 ]; then
   start=$(date +%s%N)
   got=$(gg_q -c "SET maintenance_work_mem = '16GB';" \

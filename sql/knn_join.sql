@@ -31,9 +31,12 @@ BEGIN
             USING ERRCODE = 'undefined_column';
     END IF;
     pages := pg_relation_size(queries) / current_setting('block_size')::bigint;
-    -- blocks per range: about `chunk` rows by the table's statistics, else 64
-    SELECT greatest(1, CASE WHEN c.reltuples > 0 AND c.relpages > 0
-                            THEN floor(chunk * c.relpages / c.reltuples) ELSE 64 END)::bigint
+    -- blocks per range: about `chunk` rows by the table's statistics, else
+    -- 64, at most the table (in float8: chunk * relpages passes int4's range
+    -- on a table of 1M rows)
+    SELECT greatest(1, least(greatest(pages, 1),
+                             CASE WHEN c.reltuples > 0 AND c.relpages > 0
+                                  THEN floor(chunk::float8 * c.relpages / c.reltuples) ELSE 64 END))::bigint
       INTO step FROM pg_class c WHERE c.oid = queries;
     WHILE lo < pages LOOP
         RETURN QUERY EXECUTE format(

@@ -113,6 +113,38 @@ impl PageStore {
     }
 }
 
+impl PageStore {
+    /// [`GraphView::visit`] of many nodes, each vector page read once for
+    /// all the nodes on it (a batch's answers: one pin and share lock per
+    /// page, not per node): `dist(i, vector)` is node i's distance; the
+    /// visits in the order of `nodes`.
+    pub fn visit_many(&self, nodes: &[u32], mut dist: impl FnMut(usize, &[f32]) -> f32) -> Vec<Option<Visit>> {
+        let mut order: Vec<(u32, u32)> =
+            nodes.iter().enumerate().map(|(i, &v)| (self.layout.vector_block(v), i as u32)).collect();
+        order.sort_unstable();
+        let mut out = vec![None; nodes.len()];
+        let mut scratch = self.scratch.borrow_mut();
+        for run in order.chunk_by(|a, b| a.0 == b.0) {
+            // SAFETY: as in visit: `rel` is open; the page is read under the
+            // share lock of `b`, which lives through the run.
+            unsafe {
+                let b = Locked::read(self.rel, run[0].0, false);
+                let page = b.page();
+                for &(_, i) in run {
+                    let (i, node) = (i as usize, nodes[i as usize]);
+                    let t = page.tuple(&self.layout, node);
+                    if t.header.flags & FLAG_FREE == 0 {
+                        let deleted = t.header.flags & FLAG_DELETED != 0;
+                        let d = t.vector.with_f32(&mut scratch, |x| dist(i, x));
+                        out[i] = Some(Visit { dist: d, payload: t.header.payload(), deleted });
+                    }
+                }
+            }
+        }
+        out
+    }
+}
+
 impl GraphView for PageStore {
     fn stored_dim(&self) -> usize {
         self.layout.stored_dim

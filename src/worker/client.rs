@@ -23,7 +23,6 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use gpu_graph_engine::search::Hit;
-use gpu_graph_engine::store::GraphView;
 use pgrx::pg_sys;
 
 use super::batch_area::Area;
@@ -57,12 +56,7 @@ pub unsafe fn first_round(
     query: &[f32],
     ef: usize,
 ) -> Option<Answer> {
-    let wanted = match SEARCH_DEVICE.get() {
-        SearchDevice::Cpu => false,
-        SearchDevice::Gpu => true,
-        SearchDevice::Auto => shared().is_some_and(|s| s.configured),
-    };
-    if !wanted {
+    if !wanted() {
         add(&counters().scans_cpu, 1);
         return None;
     }
@@ -71,10 +65,19 @@ pub unsafe fn first_round(
     record(answer.as_ref().err().copied().unwrap_or(Outcome::Answered));
     answer.ok().map(|nodes| {
         let t = Instant::now();
-        let answer = verify(store, meta, query, nodes);
+        let answer = verify(store, meta, &[query], |_| &nodes).pop().expect("one answer a query");
         counters().latency.verify.record(t.elapsed().as_micros() as i64);
         answer
     })
+}
+
+/// Whether searches are to ask the worker (gpu_graph.search_device).
+fn wanted() -> bool {
+    match SEARCH_DEVICE.get() {
+        SearchDevice::Cpu => false,
+        SearchDevice::Gpu => true,
+        SearchDevice::Auto => shared().is_some_and(|s| s.configured),
+    }
 }
 
 /// The slot this backend holds, for the exit callback (a FATAL error or
@@ -239,12 +242,7 @@ pub unsafe fn batch_first_rounds(
     ef: usize,
 ) -> Option<Vec<Answer>> {
     let (n, dim) = (queries.len(), queries.first()?.len());
-    let wanted = match SEARCH_DEVICE.get() {
-        SearchDevice::Cpu => false,
-        SearchDevice::Gpu => true,
-        SearchDevice::Auto => shared().is_some_and(|s| s.configured),
-    };
-    if !wanted || n > batch_segment(dim) {
+    if !wanted() || n > batch_segment(dim) {
         return None;
     }
     let hits = ef.min(MAX_HITS);
@@ -264,10 +262,7 @@ pub unsafe fn batch_first_rounds(
         return None;
     }
     add(&c.batch_queries, n as u64);
-    let t = Instant::now();
-    let answers = queries.iter().enumerate().map(|(j, q)| verify(store, meta, q, area.answer(j).to_vec())).collect();
-    c.latency.verify.record(t.elapsed().as_micros() as i64 / n as i64);
-    Some(answers)
+    Some(verify(store, meta, queries, |j| area.answer(j)))
 }
 
 /// Sleeps on the latch until the slot is answered, the timeout passes or the
@@ -293,21 +288,33 @@ fn wait(shared: &Shared, claim: &Claim, starts: u64, timeout: Duration) -> Resul
     }
 }
 
-/// Re-reads each node of the answer under its buffer lock: free and deleted
-/// nodes are dropped, the rest get their TID and exact distance from the
-/// pages, nearest first. Nodes allocated after the scan read the meta page
-/// (a copy can be newer) hold rows its snapshot cannot see: dropped too.
-fn verify(store: &PageStore, meta: &Meta, query: &[f32], nodes: Vec<u32>) -> Answer {
+/// Re-reads each node of the answers under its buffer lock: free and
+/// deleted nodes are dropped, the rest get their TID and exact distance
+/// from the pages, nearest first. Nodes allocated after the scan read the
+/// meta page (a copy can be newer) hold rows its snapshot cannot see:
+/// dropped too. Query j's answer is `nodes(j)`; each vector page is read
+/// once for all the nodes on it (a batch's answers share many).
+fn verify<'a>(store: &PageStore, meta: &Meta, queries: &[&[f32]], nodes: impl Fn(usize) -> &'a [u32]) -> Vec<Answer> {
     let metric = meta.metric();
-    let q = metric.prepare_query(query);
-    let mut hits: Vec<Hit> = nodes
-        .iter()
-        .filter(|&&node| node < meta.node_count)
-        .filter_map(|&node| {
-            let v = store.visit(node, |x| metric.search_distance(&q, x))?;
-            (!v.deleted).then_some(Hit { dist: v.dist, node, payload: v.payload })
-        })
-        .collect();
-    hits.sort_by(|a, b| a.dist.total_cmp(&b.dist).then(a.node.cmp(&b.node)));
-    Answer { hits, handed: nodes }
+    let prepared: Vec<Vec<f32>> = queries.iter().map(|q| metric.prepare_query(q)).collect();
+    // (query, node) of every node the scan's snapshot may see
+    let (mut of, mut all) = (Vec::new(), Vec::new());
+    for j in 0..queries.len() {
+        for &node in nodes(j).iter().filter(|&&node| node < meta.node_count) {
+            of.push(j as u32);
+            all.push(node);
+        }
+    }
+    let visits = store.visit_many(&all, |i, x| metric.search_distance(&prepared[of[i] as usize], x));
+    let mut answers: Vec<Answer> =
+        (0..queries.len()).map(|j| Answer { hits: Vec::new(), handed: nodes(j).to_vec() }).collect();
+    for ((&j, &node), v) in of.iter().zip(&all).zip(visits) {
+        if let Some(v) = v.filter(|v| !v.deleted) {
+            answers[j as usize].hits.push(Hit { dist: v.dist, node, payload: v.payload });
+        }
+    }
+    for a in &mut answers {
+        a.hits.sort_by(|a, b| a.dist.total_cmp(&b.dist).then(a.node.cmp(&b.node)));
+    }
+    answers
 }

@@ -5,7 +5,11 @@
 # the index, each hit read again from its page) run beside it. Every row a
 # batch returns must be one its statement sees (it joins back by ctid), at
 # the distance the operator gives for that row's vector (f32 pages: equal),
-# and every query must get its k rows.
+# and every query must get its k rows. Twice: searched in the backend
+# (search_device = cpu), then through the search worker in its CPU test
+# mode (its batch path: the segment in dynamic shared memory, the worker's
+# copy following the change log, every node read again from its page),
+# which must answer the batches itself.
 #
 #   bash tests/cluster/batch_churn.sh      (after scripts/setup.sh)
 set -euo pipefail
@@ -13,7 +17,8 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/cluster.sh"
 
 fail() { echo "batch_churn: FAIL: $*" >&2; exit 1; }
-gg_cluster_start "max_connections = 40" "gpu_graph.build_device = cpu"
+gg_cluster_start "max_connections = 40" "gpu_graph.build_device = cpu" "shared_preload_libraries = 'gpu_graph'" \
+  "gpu_graph.worker_device = cpu"
 q() { psql -X -q -v ON_ERROR_STOP=1 -At "$@"; }
 
 q <<'SQL'
@@ -30,20 +35,24 @@ CREATE TABLE queries AS SELECT n, ARRAY(SELECT (sin((n * 31) * 0.7311 + j * 1.91
 CREATE TABLE matrix AS SELECT array_agg(v ORDER BY n) AS m FROM queries;
 SQL
 
-# the churn: 20 rounds of 500 deletes, VACUUM, 500 inserts
+# the churn: 20 rounds of 500 deletes, VACUUM, 500 inserts (round numbers
+# from $1, so the second pass inserts new ids)
 churn() {
-  for r in $(seq 1 20); do
+  for r in $(seq "$1" $(($1 + 19))); do
     q -c "DELETE FROM items WHERE id IN (SELECT id FROM items ORDER BY random() LIMIT 500)"
     q -c "VACUUM items"
     q -c "INSERT INTO items SELECT 100000 * $r + i, ARRAY(SELECT (sin(i * 1.37 + $r + j) * 10)::real FROM generate_series(1, 16) j)
           FROM generate_series(1, 500) i"
   done
 }
-churn &
-churner=$!
-batches=0
-while kill -0 "$churner" 2>/dev/null || [ $batches -lt 3 ]; do
-  got=$(q <<'SQL'
+stat() { q -c "SELECT gpu_graph_worker_stats() #>> '{batches,$1}'"; }
+# pass DEVICE FIRST_ROUND: batches with gpu_graph.search_device = DEVICE
+pass() {
+  local device=$1 batches=0 got churner
+  churn "$2" &
+  churner=$!
+  while kill -0 "$churner" 2>/dev/null || [ $batches -lt 3 ]; do
+    got=$(PGOPTIONS="-c gpu_graph.search_device=$device" q <<'SQL'
 SELECT count(*) || ' ' || count(i.ctid) || ' ' ||
        count(*) FILTER (WHERE abs(r.distance - (i.v <-> q.v)) > 1e-4 * greatest(1, i.v <-> q.v)) || ' ' ||
        count(DISTINCT r.query)
@@ -52,9 +61,39 @@ SELECT count(*) || ' ' || count(i.ctid) || ' ' ||
   LEFT JOIN items i ON i.ctid = r.ctid;
 SQL
 )
-  batches=$((batches + 1))
-  [ "$got" = "6000 6000 0 600" ] || { kill "$churner" 2>/dev/null || true; fail "batch $batches: rows, rows the statement sees, wrong distances, queries: $got (want 6000 6000 0 600)"; }
+    batches=$((batches + 1))
+    [ "$got" = "6000 6000 0 600" ] || { kill "$churner" 2>/dev/null || true; fail "$device, batch $batches: rows, rows the statement sees, wrong distances, queries: $got (want 6000 6000 0 600)"; }
+  done
+  wait "$churner" || fail "the churning session failed"
+  echo "batch_churn: $batches batches of 600 queries (search_device = $device) beside 20 rounds of DELETE, VACUUM and INSERT: every row seen, every distance right"
+}
+pass cpu 1
+[ "$(stat asked)" = 0 ] || fail "search_device = cpu asked the worker: $(stat asked) batches"
+# the worker holds a copy before the second pass (a batch it has no copy
+# for searches on the CPU while the copy is made)
+for _ in $(seq 100); do
+  q -c "SELECT count(*) FROM gpu_graph_search_batch('items_idx', (SELECT m FROM matrix), 10)" >/dev/null
+  [ "$(stat queries)" -gt 0 ] && break
+  sleep 0.1
 done
-wait "$churner" || fail "the churning session failed"
-echo "batch_churn: $batches batches of 600 queries beside 20 rounds of DELETE, VACUUM and INSERT: every row seen, every distance right"
+before_cpu=$(stat cpu)
+pass auto 21
+asked=$(stat asked) queries=$(stat queries) cpu=$(($(stat cpu) - before_cpu))
+echo "batch_churn: the worker answered $queries queries in $asked segments; $cpu segments searched on the CPU"
+[ "$cpu" -le $((asked / 20)) ] || fail "$cpu of $asked segments searched on the CPU (more than 5%)"
+# the table at rest: the worker's rows are the backend's, row for row (its
+# CPU test mode searches a copy the same way), at ef 10 and 40
+for ef in 10 40; do
+  before=$(stat queries)
+  got=$(q <<SQL
+CREATE TEMP TABLE w AS SELECT query, rank, ctid::text AS t FROM gpu_graph_search_batch('items_idx', (SELECT m FROM matrix), 10, $ef);
+SET gpu_graph.search_device = cpu;
+CREATE TEMP TABLE c AS SELECT query, rank, ctid::text AS t FROM gpu_graph_search_batch('items_idx', (SELECT m FROM matrix), 10, $ef);
+SELECT (SELECT count(*) FROM w) || ' ' || (SELECT count(*) FROM c) || ' ' || (SELECT count(*) FROM w JOIN c USING (query, rank, t));
+SQL
+)
+  [ "$got" = "6000 6000 6000" ] || fail "ef $ef: worker rows, backend rows, equal: $got (want 6000 6000 6000)"
+  [ "$(stat queries)" -eq $((before + 600)) ] || fail "ef $ef: the worker did not answer the batch"
+done
+echo "batch_churn: at rest, the worker's batches equal the backend's row for row (ef 10 and 40)"
 echo "batch_churn: passed"

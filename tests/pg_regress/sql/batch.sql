@@ -62,6 +62,10 @@ ANALYZE bt;
 SELECT count(*) AS rows, count(DISTINCT query_ctid) AS queries,
        count(*) FILTER (WHERE ctid = query_ctid) >= 0.95 * 5000 AS finds_itself_95pct
   FROM gpu_graph_knn_join('bt_idx', 'bt', 'e', 1, 40, 500);
+-- the largest chunk: one range, the whole table (chunk * pages once
+-- overflowed int4 on a 1M-row table)
+SELECT count(*) AS rows, count(DISTINCT query_ctid) AS queries
+  FROM gpu_graph_knn_join('bt_idx', 'bt', 'e', 1, 40, 2147483647);
 SELECT count(*) FROM gpu_graph_knn_join('bt_idx', 'bt', 'e', 1, 40, 0);
 SELECT count(*) FROM gpu_graph_knn_join('bt_idx', 'bt', 'nope', 1);
 

@@ -26,6 +26,7 @@ use pgrx::prelude::*;
 use pgrx::{pg_sys, AnyArray};
 use rayon::prelude::*;
 use std::cell::RefCell;
+use std::collections::HashMap;
 use std::rc::Rc;
 
 use super::relation::{name_of, open_gpu_graph_index};
@@ -140,6 +141,9 @@ unsafe fn search_batch(index: pg_sys::Oid, queries: pg_sys::Datum, k: usize, ef:
                     check_values(q, MAX_DIM, &|| format!(" (query {})", s * per + j + 1));
                 }
                 if let Some(answers) = worker::batch_first_rounds(rel, &meta, &store, &queries, ef) {
+                    // the rows the answers will most likely return, looked up
+                    // page by page of the table first
+                    batch.visible.prefetch(answers.iter().flat_map(|a| a.hits.iter().take(k)).map(|h| h.payload));
                     let firsts = answers.into_iter().map(|a| First { search: None, hits: a.hits, handed: a.handed });
                     batch.answer(&store, s * per + 1, &queries, firsts.collect(), false);
                     continue;
@@ -327,7 +331,7 @@ impl Batch<'_> {
                     if !admit::hit(self.mode, &mut last, hit.dist) {
                         continue;
                     }
-                    if let Some(ctid) = self.visible.version_of(payload_to_tid(hit.payload)) {
+                    if let Some(ctid) = self.visible.version_of(hit.payload) {
                         rank += 1;
                         self.out.push(((first + j) as i32, rank, ctid, self.metric.to_sql(hit.dist) as f32));
                         if rank as usize == self.k {
@@ -357,6 +361,8 @@ struct Visible {
     fetch: *mut pg_sys::IndexFetchTableData,
     slot: *mut pg_sys::TupleTableSlot,
     snapshot: pg_sys::Snapshot,
+    /// versions looked up ahead (`prefetch`), by the payload of the TID
+    known: HashMap<u64, Option<pg_sys::ItemPointerData>>,
 }
 
 impl Visible {
@@ -369,7 +375,7 @@ impl Visible {
         unsafe {
             let fetch = ((*(*heap).rd_tableam).index_fetch_begin.unwrap())(heap);
             let slot = pg_sys::table_slot_create(heap, std::ptr::null_mut());
-            Visible { heap, fetch, slot, snapshot: pg_sys::GetActiveSnapshot() }
+            Visible { heap, fetch, slot, snapshot: pg_sys::GetActiveSnapshot(), known: HashMap::new() }
         }
     }
 
@@ -383,9 +389,31 @@ impl Visible {
         }
     }
 
-    /// The ctid of the version of the row at `tid` (a HOT chain's root, as
-    /// the index holds it) that the snapshot sees.
-    fn version_of(&self, mut tid: pg_sys::ItemPointerData) -> Option<pg_sys::ItemPointerData> {
+    /// Looks up the rows of these payloads in TID order, so that the
+    /// table AM keeps each heap page pinned for all the rows on it (a
+    /// batch's answers share pages); `version_of` then answers from them.
+    /// Replaces what an earlier call looked up.
+    fn prefetch(&mut self, payloads: impl Iterator<Item = u64>) {
+        let mut all: Vec<u64> = payloads.collect();
+        all.sort_unstable();
+        all.dedup();
+        self.known.clear();
+        for p in all {
+            let v = self.fetch_version(payload_to_tid(p));
+            self.known.insert(p, v);
+        }
+    }
+
+    /// The ctid of the version of the row of `payload` (a HOT chain's
+    /// root, as the index holds it) that the snapshot sees.
+    fn version_of(&self, payload: u64) -> Option<pg_sys::ItemPointerData> {
+        match self.known.get(&payload) {
+            Some(&v) => v,
+            None => self.fetch_version(payload_to_tid(payload)),
+        }
+    }
+
+    fn fetch_version(&self, mut tid: pg_sys::ItemPointerData) -> Option<pg_sys::ItemPointerData> {
         let (mut call_again, mut all_dead) = (false, false);
         // SAFETY: fetch and slot were made for `heap`, open while self
         // lives; an MVCC snapshot sees at most one version, so call_again

@@ -124,6 +124,7 @@ unsafe fn search_batch(index: pg_sys::Oid, queries: pg_sys::Datum, k: usize, ef:
             let store = PageStore::new(rel, &meta);
             let mut batch = Batch {
                 store: &store,
+                meta: &meta,
                 visible: Visible::new(heap),
                 metric: meta.metric(),
                 mode: ITERATIVE_SCAN.get(),
@@ -140,11 +141,16 @@ unsafe fn search_batch(index: pg_sys::Oid, queries: pg_sys::Datum, k: usize, ef:
                 for (j, q) in queries.iter().enumerate() {
                     check_values(q, MAX_DIM, &|| format!(" (query {})", s * per + j + 1));
                 }
-                if let Some(answers) = worker::batch_first_rounds(rel, &meta, &store, &queries, ef) {
+                if let Some(answers) = worker::batch_first_rounds(rel, &meta, &store, &queries, k, ef) {
                     // the rows the answers will most likely return, looked up
                     // page by page of the table first
                     batch.visible.prefetch(answers.iter().flat_map(|a| a.hits.iter().take(k)).map(|h| h.payload));
-                    let firsts = answers.into_iter().map(|a| First { search: None, hits: a.hits, handed: a.handed });
+                    let firsts = answers.into_iter().map(|a| First {
+                        search: None,
+                        hits: a.hits,
+                        handed: a.handed,
+                        rest: a.rest,
+                    });
                     batch.answer(&store, s * per + 1, &queries, firsts.collect(), false);
                     continue;
                 }
@@ -280,19 +286,22 @@ struct First {
     search: Option<Search>,
     hits: Vec<Hit>,
     handed: Vec<u32>,
+    /// the worker's nodes not yet read from the pages
+    rest: Vec<u32>,
 }
 
 /// A query's search and its first round of results.
 fn first_round<G: GraphView>(g: &G, metric: Metric, q: &[f32], ef: usize) -> First {
     let mut search = Search::new(g, metric, q);
     let hits = search.next_round(g, ef);
-    First { search: Some(search), hits, handed: Vec::new() }
+    First { search: Some(search), hits, handed: Vec::new(), rest: Vec::new() }
 }
 
 /// What turns searches into answer rows.
 struct Batch<'a> {
-    /// the index's pages
+    /// the index's pages and meta page
     store: &'a PageStore,
+    meta: &'a Meta,
     visible: Visible,
     metric: Metric,
     mode: IterativeScan,
@@ -319,7 +328,10 @@ impl Batch<'_> {
             let prepared = on_copy.then(|| self.metric.prepare_query(queries[j]));
             let (mut last, mut rounds, mut rank) = (f32::NEG_INFINITY, 1, 0);
             let mut hits = std::mem::take(&mut f.hits);
-            'rounds: while !hits.is_empty() {
+            'rounds: loop {
+                if hits.is_empty() && f.rest.is_empty() {
+                    break;
+                }
                 for mut hit in hits.drain(..) {
                     if let Some(q) = &prepared {
                         let m = self.metric;
@@ -338,6 +350,11 @@ impl Batch<'_> {
                             break 'rounds;
                         }
                     }
+                }
+                if !f.rest.is_empty() {
+                    // the rest of the worker's answer, read from the pages now
+                    hits = worker::verify_nodes(store, self.meta, queries[j], &std::mem::take(&mut f.rest));
+                    continue;
                 }
                 if !admit::another_round(self.mode, rounds) {
                     break;

@@ -42,6 +42,9 @@ pub struct Answer {
     /// every node of the answer: a CPU search that continues the scan
     /// expands them and never returns them again
     pub handed: Vec<u32>,
+    /// the answer's nodes after those checked (a batch's: see
+    /// `batch_first_rounds`), nearest first by the worker's distances
+    pub rest: Vec<u32>,
 }
 
 /// The first round of a scan from the search worker, or None when the scan
@@ -227,9 +230,10 @@ fn batch_timeout(n: usize) -> Duration {
     Duration::from_millis(GPU_TIMEOUT.get() as u64) + Duration::from_micros(100 * n as u64)
 }
 
-/// The first rounds of a batch's queries (gpu_graph_search_batch) from the
-/// worker's batch search, each checked against the pages as a scan's first
-/// round is; None when they are to search on the CPU (too many values for
+/// The first rounds of a batch's queries (gpu_graph_search_batch, `k` rows
+/// each) from the worker's batch search, each checked against the pages as
+/// a scan's first round is (the first k + VERIFY_AHEAD nodes; the rest when
+/// a query needs them); None when they are to search on the CPU (too many values for
 /// one segment, a worker that is absent, busy, stale or failed).
 ///
 /// # Safety
@@ -239,6 +243,7 @@ pub unsafe fn batch_first_rounds(
     meta: &Meta,
     store: &PageStore,
     queries: &[&[f32]],
+    k: usize,
     ef: usize,
 ) -> Option<Vec<Answer>> {
     let (n, dim) = (queries.len(), queries.first()?.len());
@@ -262,7 +267,26 @@ pub unsafe fn batch_first_rounds(
         return None;
     }
     add(&c.batch_queries, n as u64);
-    Some(verify(store, meta, queries, |j| area.answer(j)))
+    // only the first k + VERIFY_AHEAD nodes of each answer are read again
+    // now: the rows a query returns are nearly always among them
+    let cut = |j: usize| area.answer(j).len().min(k + VERIFY_AHEAD);
+    let mut answers = verify(store, meta, queries, |j| &area.answer(j)[..cut(j)]);
+    for (j, a) in answers.iter_mut().enumerate() {
+        a.rest = area.answer(j)[cut(j)..].to_vec();
+        a.handed = area.answer(j).to_vec();
+    }
+    Some(answers)
+}
+
+/// Nodes of a batch's answer beyond the k it asks for that are checked
+/// against the pages with the first k (a few rows may be invisible to the
+/// caller; the others wait in `Answer::rest` until a query needs them).
+const VERIFY_AHEAD: usize = 8;
+
+/// The live nodes among `nodes` (an answer's rest) with their rows and
+/// exact distances from the pages, nearest first, as [`verify`] gives them.
+pub fn verify_nodes(store: &PageStore, meta: &Meta, query: &[f32], nodes: &[u32]) -> Vec<Hit> {
+    verify(store, meta, &[query], |_| nodes).pop().map(|a| a.hits).unwrap_or_default()
 }
 
 /// Sleeps on the latch until the slot is answered, the timeout passes or the
@@ -307,7 +331,7 @@ fn verify<'a>(store: &PageStore, meta: &Meta, queries: &[&[f32]], nodes: impl Fn
     }
     let visits = store.visit_many(&all, |i, x| metric.search_distance(&prepared[of[i] as usize], x));
     let mut answers: Vec<Answer> =
-        (0..queries.len()).map(|j| Answer { hits: Vec::new(), handed: nodes(j).to_vec() }).collect();
+        (0..queries.len()).map(|j| Answer { hits: Vec::new(), handed: nodes(j).to_vec(), rest: Vec::new() }).collect();
     for ((&j, &node), v) in of.iter().zip(&all).zip(visits) {
         if let Some(v) = v.filter(|v| !v.deleted) {
             answers[j as usize].hits.push(Hit { dist: v.dist, node, payload: v.payload });

@@ -130,7 +130,7 @@ impl Device {
     }
 
     /// The answers of a started batch, when they are there.
-    pub fn poll_batch(&self, b: &GpuBatch) -> Result<Option<Vec<Hits>>, Outcome> {
+    pub fn poll_batch(&self, b: &mut GpuBatch) -> Result<Option<Vec<Hits>>, Outcome> {
         match self {
             Device::Gpu(g) => g.poll_batch(b),
             Device::Cpu => unreachable!("the CPU answers at once"),

@@ -51,6 +51,8 @@ pub enum SearchDevice {
 pub static SEARCH_DEVICE: GucSetting<SearchDevice> = GucSetting::<SearchDevice>::new(SearchDevice::Auto);
 /// Milliseconds a scan waits for the worker's answer before searching on the CPU.
 pub static GPU_TIMEOUT: GucSetting<i32> = GucSetting::<i32>::new(100);
+/// Microseconds a scan spins on its slot before sleeping on its latch.
+pub static WORKER_SPIN: GucSetting<i32> = GucSetting::<i32>::new(0);
 /// Megabytes of device memory a GPU build may use before it builds in
 /// shards; 0 = the device's free memory less a margin.
 pub static BUILD_GPU_MEMORY: GucSetting<i32> = GucSetting::<i32>::new(0);
@@ -135,6 +137,17 @@ pub fn register() {
         3_600_000,
         GucContext::Userset,
         GucFlags::UNIT_MS,
+    );
+    GucRegistry::define_int_guc(
+        c"gpu_graph.worker_spin",
+        c"Microseconds a scan waiting for the search worker polls its answer before it sleeps on its latch.",
+        c"An answer seen while polling needs no wake-up signal from the worker and no sleep; the polling \
+          takes a core.",
+        &WORKER_SPIN,
+        0,
+        1000,
+        GucContext::Userset,
+        GucFlags::default(),
     );
     GucRegistry::define_int_guc(
         c"gpu_graph.build_gpu_memory",

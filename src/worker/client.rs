@@ -31,7 +31,7 @@ use super::ring::{Reply, Request, Slot, MAX_HITS, MAX_QUERY_DIM};
 use super::shmem::{shared, Shared};
 use super::stats::{add, counters, record};
 use super::{nap, set_latch};
-use crate::gucs::{SearchDevice, GPU_TIMEOUT, INJECT_FAULT, SEARCH_DEVICE, WORKER_DELAY};
+use crate::gucs::{SearchDevice, GPU_TIMEOUT, INJECT_FAULT, SEARCH_DEVICE, WORKER_DELAY, WORKER_SPIN};
 use crate::storage::meta::Meta;
 use crate::storage::page_store::PageStore;
 
@@ -294,6 +294,15 @@ pub fn verify_nodes(store: &PageStore, meta: &Meta, query: &[f32], nodes: &[u32]
 /// ERROR here and the claim lets go of the slot as the ERROR unwinds.
 fn wait(shared: &Shared, claim: &Claim, starts: u64, timeout: Duration) -> Result<(), Outcome> {
     let t0 = Instant::now();
+    // gpu_graph.worker_spin: poll first (the worker then sends no signal:
+    // SetLatch signals only a process that sleeps on its latch)
+    let spin = Duration::from_micros(WORKER_SPIN.get().max(0) as u64);
+    while t0.elapsed() < spin {
+        if claim.slot.state() == (claim.seq, super::ring::State::Done) {
+            return Ok(());
+        }
+        std::hint::spin_loop();
+    }
     loop {
         if claim.slot.state() == (claim.seq, super::ring::State::Done) {
             return Ok(());

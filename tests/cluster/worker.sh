@@ -157,6 +157,10 @@ rows=$(q -c "$GPU SET gpu_graph.ef_search = 20;" \
 rows=$(q -c "$GPU" -c "SELECT count(*) FROM (SELECT id FROM grid WHERE id % 7 = 0 ORDER BY v <-> '{30.3,30.2}' LIMIT 30) s" | tail -n 1)
 [ "$rows" = 30 ] || fail "a filtered scan returned $rows rows, not 30"
 echo "  full scan: 3600 distinct rows; filtered LIMIT 30: 30 rows"
+before=$(stat scans,worker)
+[ "$(check "SET gpu_graph.worker_spin = 1000;")" = t ] || fail "wrong answer with gpu_graph.worker_spin"
+[ "$(stat scans,worker)" -gt "$before" ] || fail "gpu_graph.worker_spin: the scan was not served by the worker"
+echo "  worker_spin = 1000 (polling the slot before sleeping): served by the worker, right"
 
 echo "2. gpu_timeout"
 before=$(stat fallbacks,timeout)

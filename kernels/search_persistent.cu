@@ -737,7 +737,13 @@ extern "C" __global__ void __launch_bounds__(32)
 // at generation `gen`). Launched on its own stream beside the persistent
 // kernel, which keeps its resident blocks: this kernel takes whatever the
 // SMs have left, and its blocks simply wait for room.
-extern "C" __global__ void __launch_bounds__(32) search_batch(const __grid_constant__ BatchParams P) {
+// Resident blocks per SM the batch kernel is compiled for (the host may
+// pass -DGG_BATCH_MIN_BLOCKS=n): more blocks, fewer registers each.
+#ifndef GG_BATCH_MIN_BLOCKS
+#define GG_BATCH_MIN_BLOCKS 1
+#endif
+extern "C" __global__ void __launch_bounds__(32, GG_BATCH_MIN_BLOCKS)
+    search_batch(const __grid_constant__ BatchParams P) {
     extern __shared__ __align__(16) unsigned char smem[];
     const Smem S = carve(smem, P.qwords, P.list);
     const u32 lane = threadIdx.x;

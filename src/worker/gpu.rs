@@ -26,7 +26,7 @@ pub struct GpuPending(Ticket);
 /// A batch on the GPU: the batch kernel's, or (a small batch) its queries
 /// in the persistent kernel's slots.
 pub enum GpuBatch {
-    Kernel(BatchTicket),
+    Kernel(Box<BatchTicket>),
     Singles(Vec<(Ticket, Option<Hits>)>),
 }
 
@@ -130,8 +130,11 @@ impl GpuSearch {
             }
             // no slots for all of them now: the batch kernel
         }
-        let prepared: Vec<f32> = queries.chunks_exact(dim.max(1)).flat_map(|q| r.metric.prepare_query(q)).collect();
-        self.server.submit_batch(r.id, &prepared, k, ef).map(GpuBatch::Kernel).map_err(outcome)
+        let mut prepared = Vec::with_capacity(queries.len() + n);
+        for q in queries.chunks_exact(dim.max(1)) {
+            r.metric.prepare_into(q, &mut prepared);
+        }
+        self.server.submit_batch(r.id, &prepared, k, ef).map(|t| GpuBatch::Kernel(Box::new(t))).map_err(outcome)
     }
 
     pub fn poll_batch(&self, b: &mut GpuBatch) -> Result<Option<Vec<Hits>>, Outcome> {

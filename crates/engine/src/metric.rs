@@ -92,20 +92,27 @@ impl Metric {
 
     /// The query form of `q`: what [`Metric::search_distance`] expects.
     pub fn prepare_query(self, q: &[f32]) -> Vec<f32> {
+        let mut v = Vec::with_capacity(q.len() + 1);
+        self.prepare_into(q, &mut v);
+        v
+    }
+
+    /// [`Metric::prepare_query`] appended to `out` (many queries in one
+    /// array).
+    pub fn prepare_into(self, q: &[f32], out: &mut Vec<f32>) {
         match self {
-            Metric::L2 => q.to_vec(),
+            Metric::L2 => out.extend_from_slice(q),
             Metric::Cosine => {
                 let n = norm64(q);
                 if n > 0.0 {
-                    q.iter().map(|&x| (x as f64 / n) as f32).collect()
+                    out.extend(q.iter().map(|&x| (x as f64 / n) as f32));
                 } else {
-                    q.to_vec()
+                    out.extend_from_slice(q);
                 }
             }
             Metric::InnerProduct => {
-                let mut v = q.to_vec();
-                v.push(0.0);
-                v
+                out.extend_from_slice(q);
+                out.push(0.0);
             }
         }
     }

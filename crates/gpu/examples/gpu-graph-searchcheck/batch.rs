@@ -116,21 +116,38 @@ fn sizes(server: &SearchServer, id: ResidentId, flat: &[f32], dim: usize, efs: &
     let nq = flat.len() / dim;
     for &ef in efs {
         let mut line = format!("batch ef {ef:>4} queries/s by batch size:");
+        let mut parts = format!("batch ef {ef:>4} last call's ms (host submit / kernel / host collect) by size:");
         for size in [1usize, 16, 64, 256, 1024, 4096, 16384, 65536, 262144] {
             let q: Vec<f32> = flat.iter().copied().cycle().take(size * dim).collect();
             let (mut done, t) = (0usize, Instant::now());
+            let mut last = None;
             while t.elapsed() < Duration::from_millis(500) {
-                match run_batch(server, id, &q, ef) {
-                    Ok(_) => done += size,
+                let ticket = match server.submit_batch(id, &q, K, ef) {
+                    Ok(t) => t,
                     Err(e) => {
                         line += &format!(" {size}: {e};");
                         break;
                     }
-                }
+                };
+                let collect = loop {
+                    let tc = Instant::now();
+                    match server.poll_batch(&ticket) {
+                        Ok(Some(_)) => break tc.elapsed().as_secs_f64() * 1e3,
+                        Ok(None) => std::thread::yield_now(),
+                        Err(_) => break f64::NAN,
+                    }
+                };
+                let (submit, kernel) = ticket.timing();
+                last = Some((submit, kernel.unwrap_or(f64::NAN), collect));
+                done += size;
             }
             line += &format!(" {size}: {:.0}", done as f64 / t.elapsed().as_secs_f64());
+            if let (Some((s, k, c)), true) = (last, size >= 1024) {
+                parts += &format!(" {size}: {s:.2}/{k:.2}/{c:.2}");
+            }
         }
         println!("{line} ({nq} distinct queries)");
+        println!("{parts}");
     }
 }
 

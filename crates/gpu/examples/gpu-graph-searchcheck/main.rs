@@ -83,6 +83,9 @@ struct Opts {
     no_extra: bool,
     #[arg(long)]
     no_fault: bool,
+    /// Resident blocks per SM the batch kernel is compiled for (0: none).
+    #[arg(long, default_value_t = gpu_graph_gpu::search::plan::DEFAULT_BATCH_MIN_BLOCKS)]
+    batch_min_blocks: u32,
     /// Only the CPU model of the kernel.
     #[arg(long)]
     sim: bool,
@@ -202,7 +205,13 @@ pub fn check_answer(
 }
 
 fn start_server(gpu: &Gpu, o: &Opts, pol: Pol) -> SearchServer {
-    let cfg = ServerConfig { slots: o.slots, ctas_per_slot: pol.ctas, policy: pol.policy, ..ServerConfig::default() };
+    let cfg = ServerConfig {
+        slots: o.slots,
+        ctas_per_slot: pol.ctas,
+        policy: pol.policy,
+        batch_min_blocks: o.batch_min_blocks,
+        ..ServerConfig::default()
+    };
     let t = Instant::now();
     let server = SearchServer::start(gpu, cfg).unwrap_or_else(|e| fatal(&format!("SearchServer::start: {e}")));
     let si = server.info();

@@ -138,6 +138,7 @@ impl BatchKernel {
         k: usize,
         plan: &QueryPlan,
     ) -> Result<BatchTicket, GpuError> {
+        let t0 = std::time::Instant::now();
         let n = queries.len() / res.dim;
         let qwords = res.fmt.qwords;
         let mut rows = vec![0f32; n * qwords];
@@ -186,12 +187,16 @@ impl BatchKernel {
             visited_log2: self.visited_log2,
             visit_base: *base,
         };
+        let timed = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
+        let started = s.context().new_event(timed).map_err(|e| cuda("creating an event", e))?;
+        let done = s.context().new_event(timed).map_err(|e| cuda("creating an event", e))?;
+        started.record(s).map_err(|e| cuda("recording a batch's start", e))?;
         self.launch(params, blocks, smem_bytes(qwords, plan.list as usize))?;
         *base += per_block;
         drop(base);
-        let done = s.context().new_event(None).map_err(|e| cuda("creating an event", e))?;
         done.record(s).map_err(|e| cuda("recording a batch's end", e))?;
-        Ok(BatchTicket { res, n, k, _queries: d_queries, hits, counts, done, stream: s.clone() })
+        let submit_ms = t0.elapsed().as_secs_f64() * 1e3;
+        Ok(BatchTicket { res, n, k, _queries: d_queries, hits, counts, started, done, submit_ms, stream: s.clone() })
     }
 }
 
@@ -204,7 +209,9 @@ pub struct BatchTicket {
     _queries: CudaSlice<f32>,
     hits: CudaSlice<u32>,
     counts: CudaSlice<u32>,
+    started: CudaEvent,
     done: CudaEvent,
+    submit_ms: f64,
     stream: Arc<CudaStream>,
 }
 
@@ -237,18 +244,26 @@ impl BatchTicket {
             return Err("the batch kernel found no such index".into());
         }
         let res = &self.res;
+        let mut list = Vec::with_capacity(self.k);
         Ok(Some(
             counts
                 .iter()
                 .zip(hits.chunks_exact(2 * self.k))
                 .map(|(&c, h)| {
-                    let list: Vec<(f32, u32)> = h[..2 * (c as usize).min(self.k)]
-                        .chunks_exact(2)
-                        .map(|h| (f32::from_bits(h[0]), h[1]))
-                        .collect();
+                    list.clear();
+                    list.extend(
+                        h[..2 * (c as usize).min(self.k)].chunks_exact(2).map(|h| (f32::from_bits(h[0]), h[1])),
+                    );
                     merge_lists(&[&list], self.k, |v| res.is_result(v))
                 })
                 .collect(),
         ))
+    }
+
+    /// Host milliseconds `submit` took (queries laid out and copied, the
+    /// launch), and the kernel's milliseconds (device clock) once done.
+    pub fn timing(&self) -> (f64, Option<f64>) {
+        let kernel = self.started.elapsed_ms(&self.done).ok().map(|ms| ms as f64);
+        (self.submit_ms, kernel)
     }
 }

@@ -33,9 +33,13 @@ pub(crate) struct Kernel {
 impl Kernel {
     /// Compiles (once per process) and loads the kernel, with room for
     /// `smem` bytes of dynamic shared memory per CTA.
-    pub fn load(gpu: &Gpu, smem: usize) -> Result<Kernel, GpuError> {
+    /// `batch_min_blocks`: the batch kernel's __launch_bounds__ minimum of
+    /// resident blocks per SM (0: none).
+    pub fn load(gpu: &Gpu, smem: usize, batch_min_blocks: u32) -> Result<Kernel, GpuError> {
         let t = std::time::Instant::now();
-        let module = load_module(&gpu.ctx, &nvrtc::SEARCH_PERSISTENT, &gpu.info.target, &[])?;
+        let opts =
+            if batch_min_blocks > 0 { vec![format!("-DGG_BATCH_MIN_BLOCKS={batch_min_blocks}")] } else { vec![] };
+        let module = load_module(&gpu.ctx, &nvrtc::SEARCH_PERSISTENT, &gpu.info.target, &opts)?;
         let func = function(&module, "search_persistent")?;
         if smem > 48 * 1024 {
             func.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32)

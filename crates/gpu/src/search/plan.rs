@@ -41,7 +41,13 @@ pub struct ServerConfig {
     pub allow_fault_injection: bool,
     /// How a query's `ef` becomes a plan.
     pub policy: SearchPolicy,
+    /// Resident blocks per SM the batch kernel is compiled for (its
+    /// __launch_bounds__; fewer registers each); 0 = no bound.
+    pub batch_min_blocks: u32,
 }
+
+/// Default of [`ServerConfig::batch_min_blocks`].
+pub const DEFAULT_BATCH_MIN_BLOCKS: u32 = 0;
 
 /// Default CTAs per slot (see [`SearchPolicy`]).
 pub const DEFAULT_CTAS_PER_SLOT: usize = 4;
@@ -61,6 +67,7 @@ impl Default for ServerConfig {
             max_sleep_ns: 20_000,
             allow_fault_injection: false,
             policy: SearchPolicy::default(),
+            batch_min_blocks: DEFAULT_BATCH_MIN_BLOCKS,
         }
     }
 }

@@ -170,7 +170,7 @@ impl SearchServer {
     pub fn start(gpu: &Gpu, cfg: ServerConfig) -> Result<SearchServer, GpuError> {
         guard("starting the GPU search server", || {
             let mut z = Sizing::new(&cfg)?;
-            let kernel = Kernel::load(gpu, z.smem)?;
+            let kernel = Kernel::load(gpu, z.smem, cfg.batch_min_blocks)?;
             let per_sm = kernel.blocks_per_sm(z.smem)?;
             z.fit(&cfg, per_sm, gpu.info.sm_count as usize)?;
             // the batch kernel's blocks: what the persistent kernel's leave

@@ -34,7 +34,7 @@ use super::outcome::Outcome;
 use super::residency::{Lookup, Residency};
 use super::ring::{Request, State, MAX_HITS};
 use super::shmem::{shared, Shared};
-use super::stats::add;
+use super::stats::{add, Counters};
 use super::{nap, set_latch, sleep};
 use crate::gucs::{WorkerDevice, WorkerStart, GPU_MEMORY_LIMIT, WORKER, WORKER_DEVICE};
 
@@ -201,8 +201,8 @@ struct InFlight {
 enum Work {
     Done(Result<Hits, Outcome>),
     Gpu(GpuPending),
-    /// a batch on the device, its segment attached
-    Batch(Area, Box<GpuBatch>),
+    /// a batch on the device, its segment attached, since when
+    Batch(Area, Box<GpuBatch>, Instant),
 }
 
 struct Worker {
@@ -336,7 +336,7 @@ impl Worker {
         }
         let query = &req.query[..(req.dim as usize).min(req.query.len())];
         let work = match self.residency.lookup(Key::of(req), req.generation, req.need) {
-            Lookup::Ready(r) if req.batch_n > 0 => batch_work(&self.device, &r.handle, req)?,
+            Lookup::Ready(r) if req.batch_n > 0 => batch_work(&self.device, &r.handle, req, &shared.counters)?,
             Lookup::Ready(r) => match self.device.start(&r.handle, query, req.k as usize, req.ef as usize) {
                 Ok(Start::Done(hits)) => Work::Done(Ok(hits)),
                 Ok(Start::Pending(p)) => Work::Gpu(p),
@@ -370,7 +370,7 @@ impl Worker {
                 self.inflight.swap_remove(i);
                 continue;
             }
-            if let Work::Batch(area, b) = &mut f.work {
+            if let Work::Batch(area, b, since) = &mut f.work {
                 match self.device.poll_batch(b) {
                     Ok(None) => {
                         on_device = true;
@@ -378,7 +378,11 @@ impl Worker {
                         continue;
                     }
                     Ok(Some(answers)) => {
+                        let c = &self.shared.counters;
+                        add(&c.batch_device_us, since.elapsed().as_micros() as u64);
+                        let t = Instant::now();
                         area.write(answers.iter().map(|a| a.iter().map(|h| h.1)));
+                        add(&c.batch_write_us, t.elapsed().as_micros() as u64);
                         f.work = Work::Done(Ok(Vec::new()));
                     }
                     Err(o) => f.work = Work::Done(Err(failed(&self.device, o)?)),
@@ -452,7 +456,8 @@ impl Worker {
 /// its segment attached; answered at once when the device is the CPU (its
 /// answers then already written). A backend that let go of the segment
 /// gets Absent (it no longer waits).
-fn batch_work(device: &Device, h: &Handle, req: &Request) -> Result<Work, String> {
+fn batch_work(device: &Device, h: &Handle, req: &Request, c: &Counters) -> Result<Work, String> {
+    let t = Instant::now();
     let (n, dim, hits) = (req.batch_n as usize, req.dim as usize, req.ef as usize);
     // SAFETY: the worker's main thread (gpu_graph_worker_main), with its
     // resource owner.
@@ -464,7 +469,10 @@ fn batch_work(device: &Device, h: &Handle, req: &Request) -> Result<Work, String
             area.write(answers.iter().map(|a| a.iter().map(|h| h.1)));
             Work::Done(Ok(Vec::new()))
         }
-        Ok(BatchStart::Pending(b)) => Work::Batch(area, Box::new(b)),
+        Ok(BatchStart::Pending(b)) => {
+            add(&c.batch_start_us, t.elapsed().as_micros() as u64);
+            Work::Batch(area, Box::new(b), Instant::now())
+        }
         Err(o) => Work::Done(Err(failed(device, o)?)),
     })
 }

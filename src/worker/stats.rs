@@ -57,6 +57,11 @@ pub struct Counters {
     pub batches_cpu: AtomicU64,
     pub batch_queries: AtomicU64,
     pub batch_us: AtomicU64,
+    /// of which: attaching the segment, preparing and sending the queries;
+    /// the device's search (sent to answers read back); writing the answers
+    pub batch_start_us: AtomicU64,
+    pub batch_device_us: AtomicU64,
+    pub batch_write_us: AtomicU64,
     /// each step of a worker-served scan, as histograms (and their means)
     pub latency: Latencies,
 }
@@ -83,6 +88,9 @@ impl Counters {
             batches_cpu: AtomicU64::new(0),
             batch_queries: AtomicU64::new(0),
             batch_us: AtomicU64::new(0),
+            batch_start_us: AtomicU64::new(0),
+            batch_device_us: AtomicU64::new(0),
+            batch_write_us: AtomicU64::new(0),
             latency: Latencies::new(),
         }
     }
@@ -277,6 +285,11 @@ struct Batches {
     queries: u64,
     worker_ms: f64,
     worker_queries_per_s: Option<f64>,
+    /// of the worker's time (GPU batches): sending, the device's search
+    /// (with its copies), writing the answers
+    start_ms: f64,
+    device_ms: f64,
+    write_ms: f64,
 }
 
 #[derive(Serialize)]
@@ -354,6 +367,9 @@ fn gpu_graph_worker_stats() -> JsonB {
             queries: get(&c.batch_queries),
             worker_ms: get(&c.batch_us) as f64 / 1000.0,
             worker_queries_per_s: mean(get(&c.batch_queries) * 1_000_000, get(&c.batch_us)),
+            start_ms: get(&c.batch_start_us) as f64 / 1000.0,
+            device_ms: get(&c.batch_device_us) as f64 / 1000.0,
+            write_ms: get(&c.batch_write_us) as f64 / 1000.0,
         },
         latency_us: LatencyJson::of(&c.latency),
     };

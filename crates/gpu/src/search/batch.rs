@@ -104,12 +104,16 @@ impl BatchKernel {
         Ok(k)
     }
 
-    /// Resident blocks per SM of the batch kernel at `smem` bytes each.
-    pub fn blocks_per_sm(module: &Arc<CudaModule>, smem: usize) -> Result<usize, GpuError> {
-        function(module, "search_batch")?
-            .occupancy_max_active_blocks_per_multiprocessor(32, smem, None)
-            .map(|b| b as usize)
-            .map_err(|e| cuda("occupancy", e))
+    /// Resident blocks per SM of the batch kernel at `smem` bytes each, and
+    /// the registers of one of its threads.
+    pub fn occupancy(module: &Arc<CudaModule>, smem: usize) -> Result<(usize, usize), GpuError> {
+        let f = function(module, "search_batch")?;
+        let blocks =
+            f.occupancy_max_active_blocks_per_multiprocessor(32, smem, None).map_err(|e| cuda("occupancy", e))?;
+        let regs = f
+            .get_attribute(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_NUM_REGS)
+            .map_err(|e| cuda("the batch kernel's registers", e))?;
+        Ok((blocks as usize, regs as usize))
     }
 
     pub fn device_bytes(blocks: usize, visited_log2: u32) -> usize {

@@ -49,6 +49,14 @@ impl Kernel {
         Ok(Kernel { module, func, stream, compile_ms: t.elapsed().as_secs_f64() * 1e3 })
     }
 
+    /// Registers a thread of the kernel uses.
+    pub fn registers(&self) -> Result<usize, GpuError> {
+        self.func
+            .get_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_NUM_REGS)
+            .map(|r| r as usize)
+            .map_err(|e| cuda("the kernel's registers", e))
+    }
+
     /// Resident single-warp blocks per SM at `smem` bytes each.
     pub fn blocks_per_sm(&self, smem: usize) -> Result<usize, GpuError> {
         self.func

@@ -42,12 +42,13 @@ pub struct ServerConfig {
     /// How a query's `ef` becomes a plan.
     pub policy: SearchPolicy,
     /// Resident blocks per SM the batch kernel is compiled for (its
-    /// __launch_bounds__; fewer registers each); 0 = no bound.
+    /// __launch_bounds__: fewer registers each, at least 1).
     pub batch_min_blocks: u32,
 }
 
-/// Default of [`ServerConfig::batch_min_blocks`].
-pub const DEFAULT_BATCH_MIN_BLOCKS: u32 = 0;
+/// Default of [`ServerConfig::batch_min_blocks`] (kernels/search_persistent.cu
+/// says why).
+pub const DEFAULT_BATCH_MIN_BLOCKS: u32 = 16;
 
 /// Default CTAs per slot (see [`SearchPolicy`]).
 pub const DEFAULT_CTAS_PER_SLOT: usize = 4;
@@ -154,6 +155,11 @@ impl SearchPolicy {
     }
 }
 
+/// Blocks an SM that the persistent kernel leaves to the batch kernel: one
+/// warp for each of an SM's four sub-partitions (a warp's registers come
+/// from its sub-partition's quarter of the register file).
+pub(crate) const BATCH_ROOM_PER_SM: usize = 4;
+
 /// Bytes between two finish words: each on its own 64-byte line.
 pub(crate) const FINISH_STRIDE_WORDS: usize = 16;
 
@@ -214,7 +220,13 @@ impl Sizing {
     /// the others finish).
     pub fn fit(&mut self, cfg: &ServerConfig, blocks_per_sm: usize, sm_count: usize) -> Result<(), GpuError> {
         let resident = blocks_per_sm * sm_count;
-        let slots = if cfg.slots == 0 { (resident / self.ctas).min(256) } else { cfg.slots };
+        // by default one block an SM sub-partition (4 an SM) is left to the
+        // batch kernel, whose blocks could otherwise never start
+        let slots = if cfg.slots == 0 {
+            (resident.saturating_sub(BATCH_ROOM_PER_SM * sm_count) / self.ctas).clamp(1, 256)
+        } else {
+            cfg.slots
+        };
         if slots == 0 || slots * self.ctas > resident {
             return Err(GpuError::Unsupported(format!(
                 "{slots} slots x {} CTAs do not fit resident at once: {blocks_per_sm} blocks per SM x {sm_count} SMs \

@@ -14,7 +14,7 @@ use gpu_graph_engine::flat::FlatIndex;
 use super::batch::{BatchAnswers, BatchKernel, BatchTicket};
 use super::health::Health;
 use super::launch::Kernel;
-use super::plan::{QueryPlan, SearchPolicy, ServerConfig, Sizing};
+use super::plan::{QueryPlan, SearchPolicy, ServerConfig, Sizing, BATCH_ROOM_PER_SM};
 use super::registry::{Patch, Registry, ResidentId, ResidentInfo};
 use super::slots::{Answer, Slots};
 use crate::abi::{self, SearchParams};
@@ -174,10 +174,19 @@ impl SearchServer {
             let per_sm = kernel.blocks_per_sm(z.smem)?;
             z.fit(&cfg, per_sm, gpu.info.sm_count as usize)?;
             // the batch kernel's blocks: what the persistent kernel's leave
-            // resident (at least two an SM), each with a visited table
+            // resident, each with a visited table; none (batches refused)
+            // unless each SM sub-partition keeps room for one of its warps
+            // beside the persistent kernel's (a block that can never start
+            // would hang every batch after it)
             let sms = gpu.info.sm_count as usize;
-            let batch_per_sm = BatchKernel::blocks_per_sm(&kernel.module, z.smem)?;
-            let batch_blocks = (batch_per_sm * sms).saturating_sub(z.slots * z.ctas).clamp(2 * sms, MAX_BATCH_BLOCKS);
+            let (batch_per_sm, batch_regs) = BatchKernel::occupancy(&kernel.module, z.smem)?;
+            let room =
+                z.slots * z.ctas + BATCH_ROOM_PER_SM * sms <= per_sm * sms && batch_regs <= kernel.registers()?;
+            let batch_blocks = if room {
+                (batch_per_sm * sms).saturating_sub(z.slots * z.ctas).clamp(BATCH_ROOM_PER_SM * sms, MAX_BATCH_BLOCKS)
+            } else {
+                0
+            };
             let batch_bytes = BatchKernel::device_bytes(batch_blocks, z.visited_log2);
             gpu.reserve(z.device_bytes() + batch_bytes, "the GPU search server")?;
             let mgmt = gpu.ctx.new_stream().map_err(|e| cuda("creating a stream", e))?;
@@ -349,6 +358,11 @@ impl SearchServer {
         }
         if k == 0 || k > i.info.k_max {
             return bad(format!("k = {k} (1 to {})", i.info.k_max));
+        }
+        if i.info.batch_blocks == 0 {
+            return Err(SearchError::Gpu(GpuError::Unsupported(
+                "batches: no room for the batch kernel beside the persistent kernel on this GPU".into(),
+            )));
         }
         let plan = self.batch_plan(k, ef);
         if plan.list as usize > i.info.list_cap {

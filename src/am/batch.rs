@@ -136,12 +136,14 @@ unsafe fn search_batch(index: pg_sys::Oid, queries: pg_sys::Datum, k: usize, ef:
             // CPU (from a copy, or the pages) whatever it does not answer
             let mut copy: Option<Option<Rc<Copy>>> = None;
             let per = worker::batch_segment(dim);
+            // one shared-memory segment for all of them (kept by the worker too)
+            let mut area = worker::BatchSegment::new(n.min(per));
             for (s, segment) in values.chunks(dim * per).enumerate() {
                 let queries: Vec<&[f32]> = segment.chunks_exact(dim).collect();
                 for (j, q) in queries.iter().enumerate() {
                     check_values(q, MAX_DIM, &|| format!(" (query {})", s * per + j + 1));
                 }
-                if let Some(answers) = worker::batch_first_rounds(rel, &meta, &store, &queries, k, ef) {
+                if let Some(answers) = worker::batch_first_rounds(rel, &meta, &store, &queries, k, ef, &mut area) {
                     // the rows the answers will most likely return, looked up
                     // page by page of the table first
                     batch.visible.prefetch(answers.iter().flat_map(|a| a.hits.iter().take(k)).map(|h| h.payload));

@@ -4,49 +4,80 @@
 //! on the batch. The slot's request names it (`Request::batch_dsm`) and
 //! says how many queries it holds (`batch_n`, of `dim` values each).
 //!
-//! Layout, in this order: `n * dim` f32 queries (as the user gave them),
-//! `n` u32 answer counts, `n * hits` u32 node ids (each query's answer,
-//! nearest first, `hits` = the request's `ef`). The worker writes the
-//! answers only while it holds the slot (WORKING), and the backend reads
-//! them only after it saw DONE, as for a single query's reply.
+//! Layout for room for `cap` queries (`Request::batch_cap`), in this
+//! order: `cap * dim` f32 queries (as the user gave them, the first `n`
+//! used), `cap` u32 answer counts, `cap * hits` u32 node ids (each query's
+//! answer, nearest first, `hits` = the request's `ef`). The worker writes
+//! the answers only while it holds the slot (WORKING), and the backend
+//! reads them only after it saw DONE, as for a single query's reply.
+//!
+//! One segment serves all the segments of queries of a call (the backend
+//! keeps it), and the worker keeps its mapping from one to the next
+//! (`Worker::segment`): a new mapping is a page fault on every page the
+//! worker touches (measured: sending a batch took the worker as long as
+//! the GPU's search).
 
 use pgrx::pg_sys;
 
 /// Bytes of a batch's segment.
-pub fn bytes(n: usize, dim: usize, hits: usize) -> usize {
-    4 * (n * dim + n + n * hits)
+pub fn bytes(cap: usize, dim: usize, hits: usize) -> usize {
+    4 * (cap * dim + cap + cap * hits)
 }
 
 /// A mapped batch segment.
 pub struct Area {
     seg: *mut pg_sys::dsm_segment,
     base: *mut u8,
+    /// queries it has room for, and holds now
+    cap: usize,
     n: usize,
     dim: usize,
     hits: usize,
 }
 
 impl Area {
-    /// Backend: a new segment for `n` queries; detached (and so destroyed)
-    /// when dropped, or by the transaction's resource owner on an ERROR.
-    pub fn create(n: usize, dim: usize, hits: usize) -> Area {
+    /// Backend: a new segment with room for `cap` queries; detached (and
+    /// so destroyed) when dropped, or by the transaction's resource owner
+    /// on an ERROR.
+    pub fn create(cap: usize, dim: usize, hits: usize) -> Area {
         // SAFETY: in a transaction, with a resource owner; dsm_create
         // raises an ERROR when it cannot make the segment.
         unsafe {
-            let seg = pg_sys::dsm_create(bytes(n, dim, hits), 0);
-            let a = Area { seg, base: pg_sys::dsm_segment_address(seg) as *mut u8, n, dim, hits };
-            // no answer until the worker writes one
-            std::ptr::write_bytes(a.counts_and_nodes().0, 0, n);
-            a
+            let seg = pg_sys::dsm_create(bytes(cap, dim, hits), 0);
+            Area { seg, base: pg_sys::dsm_segment_address(seg) as *mut u8, cap, n: 0, dim, hits }
         }
     }
 
-    /// Worker: the segment a request names, or None when its backend has
-    /// already let go of it.
+    /// Whether this segment takes `n` queries of `dim` values with `hits`
+    /// answers each.
+    pub fn fits(&self, n: usize, dim: usize, hits: usize) -> bool {
+        n <= self.cap && dim == self.dim && hits == self.hits
+    }
+
+    /// Sets the queries it holds (at most `cap`); the backend clears their
+    /// answers before it sends them.
+    pub fn set_len(&mut self, n: usize) {
+        assert!(n <= self.cap, "{n} queries in a segment for {}", self.cap);
+        self.n = n;
+    }
+
+    /// Backend, before sending: no answer until the worker writes one.
+    pub fn clear_answers(&mut self) {
+        // SAFETY: the counts array has cap entries; only the backend holds
+        // the segment before it is sent.
+        unsafe { std::ptr::write_bytes(self.counts_and_nodes().0, 0, self.n) };
+    }
+
+    pub fn cap(&self) -> usize {
+        self.cap
+    }
+
+    /// Worker: the segment a request names (room for `cap` queries), or
+    /// None when its backend has already let go of it.
     ///
     /// # Safety
     /// On the worker's main thread, with its resource owner.
-    pub unsafe fn attach(handle: u32, n: usize, dim: usize, hits: usize) -> Option<Area> {
+    pub unsafe fn attach(handle: u32, cap: usize, dim: usize, hits: usize) -> Option<Area> {
         // SAFETY: the caller's contract; dsm_attach returns NULL for a
         // segment that no longer exists.
         unsafe {
@@ -54,12 +85,17 @@ impl Area {
             if seg.is_null() {
                 return None;
             }
-            if pg_sys::dsm_segment_map_length(seg) < bytes(n, dim, hits) {
+            if pg_sys::dsm_segment_map_length(seg) < bytes(cap, dim, hits) {
                 pg_sys::dsm_detach(seg);
                 return None;
             }
-            Some(Area { seg, base: pg_sys::dsm_segment_address(seg) as *mut u8, n, dim, hits })
+            Some(Area { seg, base: pg_sys::dsm_segment_address(seg) as *mut u8, cap, n: 0, dim, hits })
         }
+    }
+
+    /// Worker: whether this mapping is the segment a request names.
+    pub fn is(&self, handle: u32, cap: usize, dim: usize, hits: usize) -> bool {
+        self.handle() == handle && self.cap == cap && self.dim == dim && self.hits == hits
     }
 
     pub fn handle(&self) -> u32 {
@@ -81,10 +117,10 @@ impl Area {
     }
 
     fn counts_and_nodes(&self) -> (*mut u32, *mut u32) {
-        // SAFETY: offsets within bytes(n, dim, hits).
+        // SAFETY: offsets within bytes(cap, dim, hits).
         unsafe {
-            let counts = (self.base as *mut u32).add(self.n * self.dim);
-            (counts, counts.add(self.n))
+            let counts = (self.base as *mut u32).add(self.cap * self.dim);
+            (counts, counts.add(self.cap))
         }
     }
 

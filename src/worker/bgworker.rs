@@ -140,8 +140,15 @@ pub extern "C-unwind" fn gpu_graph_worker_main(_arg: pg_sys::Datum) {
     shared.worker_pid.store(pid, Ordering::Release);
     log!("gpu_graph search worker: serving index scans on {}", device.describe());
 
-    let mut w =
-        Worker { shared, device, auto_limit, residency: Residency::default(), inflight: Vec::new(), taken: Vec::new() };
+    let mut w = Worker {
+        shared,
+        device,
+        auto_limit,
+        residency: Residency::default(),
+        inflight: Vec::new(),
+        taken: Vec::new(),
+        segment: None,
+    };
     let outcome = w.serve();
     w.residency.clear(&w.device, shared);
     w.device.shutdown();
@@ -213,6 +220,9 @@ struct Worker {
     inflight: Vec<InFlight>,
     /// the slots taken in one pass (kept for its allocation)
     taken: Vec<(usize, u64)>,
+    /// the last batch segment mapped, kept for the next segment of queries
+    /// its backend sends (worker::batch_area); let go when idle
+    segment: Option<Area>,
 }
 
 impl Worker {
@@ -281,6 +291,9 @@ impl Worker {
                 continue;
             }
             self.device.check()?;
+            // a quiet spell: the last batch's segment is let go (its backend
+            // has sent all it had, or will map it again)
+            self.segment = None;
             // until a request, the next delayed answer, or a second
             let now = Instant::now();
             let next = self.inflight.iter().map(|f| f.due.saturating_duration_since(now)).min();
@@ -336,7 +349,9 @@ impl Worker {
         }
         let query = &req.query[..(req.dim as usize).min(req.query.len())];
         let work = match self.residency.lookup(Key::of(req), req.generation, req.need) {
-            Lookup::Ready(r) if req.batch_n > 0 => batch_work(&self.device, &r.handle, req, &shared.counters)?,
+            Lookup::Ready(r) if req.batch_n > 0 => {
+                batch_work(&self.device, &r.handle, req, &shared.counters, &mut self.segment)?
+            }
             Lookup::Ready(r) => match self.device.start(&r.handle, query, req.k as usize, req.ef as usize) {
                 Ok(Start::Done(hits)) => Work::Done(Ok(hits)),
                 Ok(Start::Pending(p)) => Work::Gpu(p),
@@ -383,7 +398,9 @@ impl Worker {
                         let t = Instant::now();
                         area.write(answers.iter().map(|a| a.iter().map(|h| h.1)));
                         add(&c.batch_write_us, t.elapsed().as_micros() as u64);
-                        f.work = Work::Done(Ok(Vec::new()));
+                        if let Work::Batch(area, ..) = std::mem::replace(&mut f.work, Work::Done(Ok(Vec::new()))) {
+                            self.segment = Some(area);
+                        }
                     }
                     Err(o) => f.work = Work::Done(Err(failed(&self.device, o)?)),
                 }
@@ -456,17 +473,32 @@ impl Worker {
 /// its segment attached; answered at once when the device is the CPU (its
 /// answers then already written). A backend that let go of the segment
 /// gets Absent (it no longer waits).
-fn batch_work(device: &Device, h: &Handle, req: &Request, c: &Counters) -> Result<Work, String> {
+fn batch_work(
+    device: &Device,
+    h: &Handle,
+    req: &Request,
+    c: &Counters,
+    kept: &mut Option<Area>,
+) -> Result<Work, String> {
     let t = Instant::now();
-    let (n, dim, hits) = (req.batch_n as usize, req.dim as usize, req.ef as usize);
-    // SAFETY: the worker's main thread (gpu_graph_worker_main), with its
-    // resource owner.
-    let Some(mut area) = (unsafe { Area::attach(req.batch_dsm, n, dim, hits) }) else {
-        return Ok(Work::Done(Err(Outcome::Absent)));
+    let (n, cap, dim, hits) = (req.batch_n as usize, req.batch_cap as usize, req.dim as usize, req.ef as usize);
+    let mut area = match kept.take() {
+        Some(a) if a.is(req.batch_dsm, cap, dim, hits) => a,
+        // SAFETY: the worker's main thread (gpu_graph_worker_main), with
+        // its resource owner (an older mapping was let go just above).
+        _ => match unsafe { Area::attach(req.batch_dsm, cap, dim, hits) } {
+            Some(a) => a,
+            None => return Ok(Work::Done(Err(Outcome::Absent))),
+        },
     };
+    if n > cap {
+        return Ok(Work::Done(Err(Outcome::Unfit)));
+    }
+    area.set_len(n);
     Ok(match device.start_batch(h, area.queries(), dim, req.k as usize, req.ef as usize) {
         Ok(BatchStart::Done(answers)) => {
             area.write(answers.iter().map(|a| a.iter().map(|h| h.1)));
+            *kept = Some(area);
             Work::Done(Ok(Vec::new()))
         }
         Ok(BatchStart::Pending(b)) => {

@@ -200,6 +200,7 @@ unsafe fn exchange<T>(
         r.submitted_at = submitted_at;
         r.batch_n = 0;
         r.batch_dsm = 0;
+        r.batch_cap = 0;
         fill(r);
     }
     claim.slot.submit(claim.seq);
@@ -221,6 +222,19 @@ const BATCH_BYTES: usize = 32 << 20;
 /// The most queries of `dim` values one segment to the worker takes.
 pub fn batch_segment(dim: usize) -> usize {
     BATCH_QUERIES.min(BATCH_BYTES / (4 * dim.max(1))).max(1)
+}
+
+/// The shared-memory segment a batch call's queries go to the worker in,
+/// one for all its segments of queries (made at the first, for `cap`).
+pub struct BatchSegment {
+    area: Option<Area>,
+    cap: usize,
+}
+
+impl BatchSegment {
+    pub fn new(cap: usize) -> BatchSegment {
+        BatchSegment { area: None, cap }
+    }
 }
 
 /// How long a batch may take in the worker before its queries search on
@@ -245,18 +259,26 @@ pub unsafe fn batch_first_rounds(
     queries: &[&[f32]],
     k: usize,
     ef: usize,
+    segment: &mut BatchSegment,
 ) -> Option<Vec<Answer>> {
     let (n, dim) = (queries.len(), queries.first()?.len());
     if !wanted() || n > batch_segment(dim) {
         return None;
     }
     let hits = ef.min(MAX_HITS);
-    let mut area = Area::create(n, dim, hits);
+    let slot = &mut segment.area;
+    if !slot.as_ref().is_some_and(|a| a.fits(n, dim, hits)) {
+        *slot = None; // the old one goes before the new one is made
+        *slot = Some(Area::create(segment.cap.max(n).min(batch_segment(dim)), dim, hits));
+    }
+    let area = slot.as_mut().expect("made above");
+    area.set_len(n);
+    area.clear_answers();
     for (dst, q) in area.queries_mut().chunks_exact_mut(dim).zip(queries) {
         dst.copy_from_slice(q);
     }
-    let handle = area.handle();
-    let fill = |r: &mut Request| (r.batch_n, r.batch_dsm) = (n as u32, handle);
+    let (handle, room) = (area.handle(), area.cap() as u32);
+    let fill = |r: &mut Request| (r.batch_n, r.batch_dsm, r.batch_cap) = (n as u32, handle, room);
     // SAFETY: the caller's contract.
     let r = unsafe { exchange(index, meta, dim, ef, batch_timeout(n), fill, |_, _| ()) };
     let c = counters();

@@ -101,6 +101,8 @@ pub struct Request {
     /// answered there; 0: one query, in `query`
     pub batch_n: u32,
     pub batch_dsm: u32,
+    /// the segment's room, in queries (its layout: worker::batch_area)
+    pub batch_cap: u32,
     /// the query as the user gave it (`dim` values)
     pub query: [f32; MAX_QUERY_DIM],
 }

@@ -96,6 +96,21 @@ SQL
   [ "$(stat queries)" -eq $((before + 600)) ] || fail "ef $ef: the worker did not answer the batch"
 done
 echo "batch_churn: at rest, the worker's batches equal the backend's row for row (ef 10 and 40)"
+# a batch of 20,400 queries: three segments of queries through one shared
+# segment, which the worker keeps mapped from one to the next
+before=$(stat queries) asked=$(stat asked)
+got=$(q <<'SQL'
+CREATE TEMP TABLE big AS SELECT array_agg(v ORDER BY r, n) AS m FROM queries, generate_series(1, 34) r;
+CREATE TEMP TABLE w2 AS SELECT query, rank, ctid::text AS t FROM gpu_graph_search_batch('items_idx', (SELECT m FROM big), 10, 20);
+SET gpu_graph.search_device = cpu;
+CREATE TEMP TABLE c2 AS SELECT query, rank, ctid::text AS t FROM gpu_graph_search_batch('items_idx', (SELECT m FROM big), 10, 20);
+SELECT (SELECT count(*) FROM w2) || ' ' || (SELECT count(*) FROM w2 JOIN c2 USING (query, rank, t));
+SQL
+)
+[ "$got" = "204000 204000" ] || fail "20,400 queries: worker rows, equal to the backend's: $got (want 204000 204000)"
+[ "$(stat queries)" -eq $((before + 20400)) ] && [ "$(stat asked)" -eq $((asked + 3)) ] ||
+  fail "20,400 queries: the worker answered $(($(stat queries) - before)) in $(($(stat asked) - asked)) segments (want 20400 in 3)"
+echo "batch_churn: 20,400 queries in three segments through the worker equal the backend's rows"
 # each query's 12 nearest rows deleted by the transaction that searches:
 # invisible to it but still in the index, so the worker's answers need
 # their nodes beyond the first ones read from the pages (Answer::rest)

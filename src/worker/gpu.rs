@@ -14,6 +14,8 @@ pub struct GpuSearch {
     // fields drop in order: the server (and its kernel) before the context
     server: SearchServer,
     gpu: Gpu,
+    /// a batch's prepared queries (cosine, inner product), kept
+    prepared: std::cell::RefCell<Vec<f32>>,
 }
 
 pub struct GpuResident {
@@ -63,7 +65,7 @@ impl GpuSearch {
             // fault injection is reachable only through a superuser-only setting
             let cfg = ServerConfig { allow_fault_injection: true, ..ServerConfig::default() };
             let server = SearchServer::start(&gpu, cfg).map_err(|e| e.to_string())?;
-            Ok(GpuSearch { server, gpu })
+            Ok(GpuSearch { server, gpu, prepared: Default::default() })
         })
     }
 
@@ -130,11 +132,21 @@ impl GpuSearch {
             }
             // no slots for all of them now: the batch kernel
         }
-        let mut prepared = Vec::with_capacity(queries.len() + n);
-        for q in queries.chunks_exact(dim.max(1)) {
-            r.metric.prepare_into(q, &mut prepared);
-        }
-        self.server.submit_batch(r.id, &prepared, k, ef).map(|t| GpuBatch::Kernel(Box::new(t))).map_err(outcome)
+        let submit = |prepared: &[f32]| self.server.submit_batch(r.id, prepared, k, ef);
+        let sent = if r.metric == Metric::L2 {
+            // L2 queries are searched as given: sent straight from the segment
+            submit(queries)
+        } else {
+            // a buffer kept from batch to batch (a fresh one of tens of MB
+            // is a page fault every 4 kB)
+            let mut prepared = self.prepared.borrow_mut();
+            prepared.clear();
+            for q in queries.chunks_exact(dim.max(1)) {
+                r.metric.prepare_into(q, &mut prepared);
+            }
+            submit(&prepared)
+        };
+        sent.map(|t| GpuBatch::Kernel(Box::new(t))).map_err(outcome)
     }
 
     pub fn poll_batch(&self, b: &mut GpuBatch) -> Result<Option<Vec<Hits>>, Outcome> {

@@ -57,6 +57,9 @@ pub(crate) struct BatchKernel {
     next_base: Mutex<u32>,
     /// the patches this stream is ordered after
     waited: AtomicU64,
+    /// the host side of a batch's queries when the kernel's rows differ
+    /// from them (kept: see `submit`)
+    rows: Mutex<Vec<f32>>,
 }
 
 /// Dynamic shared memory of one batch CTA.
@@ -97,6 +100,7 @@ impl BatchKernel {
             n_indexes: n_indexes as u32,
             next_base: Mutex::new(1),
             waited: AtomicU64::new(0),
+            rows: Mutex::new(Vec::new()),
         };
         let p = BatchParams { indexes, visited: device_addr(&k.visited), visited_log2, ..BatchParams::default() };
         k.launch(p, 1, smem_bytes(8, 1))?;
@@ -145,13 +149,24 @@ impl BatchKernel {
         let t0 = std::time::Instant::now();
         let n = queries.len() / res.dim;
         let qwords = res.fmt.qwords;
-        let mut rows = vec![0f32; n * qwords];
-        for (row, q) in rows.chunks_exact_mut(qwords).zip(queries.chunks_exact(res.dim)) {
-            res.query_row(q, row);
-        }
         let s = &self.stream;
-        let mut d_queries = zeroed::<f32>(s, rows.len(), "a batch's queries")?;
-        s.memcpy_htod(&rows, &mut d_queries).map_err(|e| cuda("copying a batch's queries", e))?;
+        let mut d_queries = zeroed::<f32>(s, n * qwords, "a batch's queries")?;
+        let copied = if qwords == res.dim && !res.ip {
+            // the kernel's rows are the prepared queries as they are
+            s.memcpy_htod(queries, &mut d_queries)
+        } else {
+            // padded (and the inner product's last coordinate zeroed) in a
+            // buffer kept from batch to batch: a fresh one of tens of MB is
+            // a page fault every 4 kB
+            let mut rows = self.rows.lock();
+            rows.clear();
+            rows.resize(n * qwords, 0.0);
+            for (row, q) in rows.chunks_exact_mut(qwords).zip(queries.chunks_exact(res.dim)) {
+                res.query_row(q, row);
+            }
+            s.memcpy_htod(&rows[..], &mut d_queries)
+        };
+        copied.map_err(|e| cuda("copying a batch's queries", e))?;
         // ResultHit pairs (distance bits, node)
         let hits = zeroed::<u32>(s, 2 * n * k, "a batch's answers")?;
         let counts = zeroed::<u32>(s, n, "a batch's answer counts")?;

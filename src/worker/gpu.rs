@@ -34,11 +34,12 @@ pub enum GpuBatch {
 
 /// Batches smaller than this go to the persistent kernel query by query
 /// (several CTAs each, answered as they finish); larger ones to the batch
-/// kernel (one CTA each, one launch). On an H200 (1M SIFT, ef 20) a batch
-/// of 16 took 174 us in the batch kernel against a p50 of 116 us for 16
-/// queries in flight in the persistent kernel; at 64 the two are even
-/// (190 us, 336k against 346k queries/s): docs/benchmarks.md.
-const BATCH_KERNEL_MIN: usize = 32;
+/// kernel (one CTA each, one launch). On an H200 (1M SIFT, ef 20,
+/// gpu-graph-searchcheck): a batch of 16 took 174 us in the batch kernel
+/// against a p50 of 118 us for 16 queries in flight in the persistent
+/// kernel; 64 took 206 us against 171 us; a batch of 256 took 265 us (965k
+/// queries/s), where the persistent kernel's 256 slots top out near 350k.
+const BATCH_KERNEL_MIN: usize = 64;
 
 /// What a failed request means for the scan that made it. A server that is
 /// closed or poisoned answers Error here; [`GpuSearch::health`] then tells

@@ -284,6 +284,9 @@ pub unsafe fn batch_first_rounds(
     let c = counters();
     add(&c.batches, 1);
     if let Err(o) = r {
+        // a worker that took the segment may still write answers into it
+        // (a timeout): the next segment of queries gets a new one
+        segment.area = None;
         add(&c.batches_cpu, 1);
         pgrx::debug1!("gpu_graph: a batch of {n} queries searches on the CPU: the worker answered {o:?}");
         return None;

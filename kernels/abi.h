@@ -188,4 +188,6 @@ struct BatchParams {
     u32 beam;
     u32 visited_log2;
     u32 visit_base;
+    u32 width;  // entries of each list searched (0: all; TSDG's prefix)
+    u32 pad0;
 };

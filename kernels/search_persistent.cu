@@ -429,13 +429,16 @@ __device__ __forceinline__ u32 claim_batch(u64* table, u32 mask, u32 gen, u32 n,
     return m;
 }
 
+// The first `width` entries of the lists of the selected nodes (width =
+// degree: the whole lists).
 struct AdjSrc {
     const u32* adj;
     const u32* sel;
     u32 degree;
+    u32 width;
     __device__ __forceinline__ u32 operator()(u32 e) const {
-        const u32 s = sel[e / degree];
-        return ld_cg_u32(adj + (u64)s * degree + (e % degree));
+        const u32 s = sel[e / width];
+        return ld_cg_u32(adj + (u64)s * degree + (e % width));
     }
 };
 
@@ -536,13 +539,14 @@ struct CtaPlan {
 
 // One query's search by CTA t of `ctas` (the query in S.q; the visited
 // table `table` of 2^k entries - 1 = vmask shared by the query's CTAs,
-// entries of generation `gen`); writes its first k live entries to `hits`
-// and returns how many, with the nodes expanded and distances computed.
-// The same search for the persistent kernel (a slot's CTAs) and the batch
-// kernel (one CTA a query).
+// entries of generation `gen`), through the first `width` entries of each
+// list (0: whole lists; TSDG's prefix for large batches); writes its first
+// k live entries to `hits` and returns how many, with the nodes expanded
+// and distances computed. The same search for the persistent kernel (a
+// slot's CTAs) and the batch kernel (one CTA a query).
 __device__ __forceinline__ u32 search_one(const IndexDesc& ix, const Smem& S, u64* table, u32 vmask, u32 gen, u32 t,
-                                          u32 ctas, const CtaPlan& p, u64 salt, ResultHit* hits, u32& expanded,
-                                          u32& computed, u32 lane) {
+                                          u32 ctas, const CtaPlan& p, u32 width, u64 salt, ResultHit* hits,
+                                          u32& expanded, u32& computed, u32 lane) {
     Lists L;
     L.ad = S.l0d;
     L.ai = S.l0i;
@@ -551,7 +555,8 @@ __device__ __forceinline__ u32 search_one(const IndexDesc& ix, const Smem& S, u6
     L.cnt = 0;
     const u32 cap = p.cap;
     const u32* adj = (const u32*)ix.adjacency;
-    const u32 bmax_r = CAND_CAP / ix.degree;
+    const u32 w = width == 0 || width > ix.degree ? ix.degree : width;
+    const u32 bmax_r = CAND_CAP / w;
     const u32 bmax = bmax_r < 32 ? bmax_r : 32;
     const u32 bw = p.beam < bmax ? (p.beam > 0 ? p.beam : 1) : bmax;
     u32* ci = S.ci;
@@ -571,7 +576,7 @@ __device__ __forceinline__ u32 search_one(const IndexDesc& ix, const Smem& S, u6
     es.row = adj + (u64)ix.entry * ix.degree;
     es.t = t;
     es.ctas = ctas;
-    m = claim_batch(table, vmask, gen, ix.n, t < ix.degree ? (ix.degree - t + ctas - 1) / ctas : 0, es, ci, lane);
+    m = claim_batch(table, vmask, gen, ix.n, t < w ? (w - t + ctas - 1) / ctas : 0, es, ci, lane);
     computed += m;
     absorb(ix, S.q, ci, cd, m, L, cap, S.nd, S.ni, lane);
     expanded = 1;
@@ -582,7 +587,8 @@ __device__ __forceinline__ u32 search_one(const IndexDesc& ix, const Smem& S, u6
             as.adj = adj;
             as.sel = S.sel;
             as.degree = ix.degree;
-            m = claim_batch(table, vmask, gen, ix.n, nsel * ix.degree, as, ci, lane);
+            as.width = w;
+            m = claim_batch(table, vmask, gen, ix.n, nsel * w, as, ci, lane);
             computed += m;
             absorb(ix, S.q, ci, cd, m, L, cap, S.nd, S.ni, lane);
             expanded += nsel;
@@ -706,7 +712,7 @@ extern "C" __global__ void __launch_bounds__(32)
         if (ok) {
             load_query((const u32*)(req + 1), S.q, qwords, lane);
             const u64 salt = mix64(((u64)c << 32) ^ ((u64)slot << 8) ^ (u64)t);
-            written = search_one(ix, S, table, vmask, c, t, ctas, p, salt, hits, expanded, computed, lane);
+            written = search_one(ix, S, table, vmask, c, t, ctas, p, 0, salt, hits, expanded, computed, lane);
         } else {
             expanded = GG_OUT_BAD_INDEX;
         }
@@ -770,7 +776,8 @@ extern "C" __global__ void __launch_bounds__(32, GG_BATCH_MIN_BLOCKS)
         if (ok) {
             load_query((const u32*)P.queries + (u64)qi * P.qwords, S.q, P.qwords, lane);
             ResultHit* hits = (ResultHit*)P.hits + (u64)qi * P.k;
-            written = search_one(ix, S, table, vmask, P.visit_base + j, 0, 1, p, 0, hits, expanded, computed, lane);
+            written =
+                search_one(ix, S, table, vmask, P.visit_base + j, 0, 1, p, P.width, 0, hits, expanded, computed, lane);
         }
         if (lane == 0) counts[qi] = written;
         __syncwarp();

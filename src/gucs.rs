@@ -51,6 +51,8 @@ pub enum SearchDevice {
 pub static SEARCH_DEVICE: GucSetting<SearchDevice> = GucSetting::<SearchDevice>::new(SearchDevice::Auto);
 /// Milliseconds a scan waits for the worker's answer before searching on the CPU.
 pub static GPU_TIMEOUT: GucSetting<i32> = GucSetting::<i32>::new(100);
+/// Entries of each neighbour list a batch searches; 0 = the index's choice.
+pub static BATCH_PREFIX: GucSetting<i32> = GucSetting::<i32>::new(0);
 /// Microseconds a scan spins on its slot before sleeping on its latch.
 pub static WORKER_SPIN: GucSetting<i32> = GucSetting::<i32>::new(0);
 /// Megabytes of device memory a GPU build may use before it builds in
@@ -137,6 +139,17 @@ pub fn register() {
         3_600_000,
         GucContext::Userset,
         GucFlags::UNIT_MS,
+    );
+    GucRegistry::define_int_guc(
+        c"gpu_graph.batch_prefix",
+        c"Entries of each neighbour list gpu_graph_search_batch searches.",
+        c"0 = the index's choice: half the degree on a tsdg index (its lists are ordered so that a prefix \
+          is a good smaller list), whole lists on the others. ORDER BY scans always search whole lists.",
+        &BATCH_PREFIX,
+        0,
+        256,
+        GucContext::Userset,
+        GucFlags::default(),
     );
     GucRegistry::define_int_guc(
         c"gpu_graph.worker_spin",

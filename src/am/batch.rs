@@ -18,10 +18,11 @@
 //! checked on the main thread (the buffer manager is its alone); cancel
 //! stops it between queries, or chunks of them on all cores.
 
+use gpu_graph_engine::cfs::Algorithm;
 use gpu_graph_engine::flat::FlatIndex;
 use gpu_graph_engine::metric::Metric;
 use gpu_graph_engine::search::{Hit, Search};
-use gpu_graph_engine::store::{GraphView, Visit};
+use gpu_graph_engine::store::{GraphView, Prefix, Visit};
 use pgrx::prelude::*;
 use pgrx::{pg_sys, AnyArray};
 use rayon::prelude::*;
@@ -32,7 +33,7 @@ use std::rc::Rc;
 use super::relation::{name_of, open_gpu_graph_index};
 use super::scan::admit;
 use super::vector::{check_dim, check_values};
-use crate::gucs::{IterativeScan, EF_SEARCH, EF_SEARCH_MAX, ITERATIVE_SCAN};
+use crate::gucs::{IterativeScan, BATCH_PREFIX, EF_SEARCH, EF_SEARCH_MAX, ITERATIVE_SCAN};
 use crate::storage::codec::payload_to_tid;
 use crate::storage::meta::Meta;
 use crate::storage::page_store::PageStore;
@@ -80,6 +81,17 @@ fn gpu_graph_search_batch(
     // SAFETY: a SQL function runs in a transaction with an active snapshot;
     // `queries` is a non-null array datum (AnyArray holds one).
     TableIterator::new(unsafe { search_batch(index, queries.datum(), k as usize, ef) })
+}
+
+/// Entries of each list a batch searches: gpu_graph.batch_prefix, or the
+/// index's choice (TSDG orders each list so that a prefix is itself a good
+/// smaller list: half of it for batches; whole lists on other graphs).
+fn prefix(meta: &Meta, degree: usize) -> usize {
+    match BATCH_PREFIX.get() {
+        0 if matches!(meta.cfs(), Some(Algorithm::Tsdg { .. })) => degree.div_ceil(2),
+        0 => degree,
+        p => (p as usize).min(degree),
+    }
 }
 
 /// Queries searched together: the first rounds of a chunk run on all cores
@@ -137,13 +149,17 @@ unsafe fn search_batch(index: pg_sys::Oid, queries: pg_sys::Datum, k: usize, ef:
             let mut copy: Option<Option<Rc<Copy>>> = None;
             let per = worker::batch_segment(dim);
             // one shared-memory segment for all of them (kept by the worker too)
-            let mut area = worker::BatchSegment::new(n.min(per));
+            let width = prefix(&meta, store.layout.degree);
+            // (the worker is told 0 for whole lists)
+            let prefix_only = if width < store.layout.degree { width } else { 0 };
+            let mut call = worker::BatchCall::new(k, ef, prefix_only, n.min(per));
+            let pages = Prefix { graph: &store, width };
             for (s, segment) in values.chunks(dim * per).enumerate() {
                 let queries: Vec<&[f32]> = segment.chunks_exact(dim).collect();
                 for (j, q) in queries.iter().enumerate() {
                     check_values(q, MAX_DIM, &|| format!(" (query {})", s * per + j + 1));
                 }
-                if let Some(answers) = worker::batch_first_rounds(rel, &meta, &store, &queries, k, ef, &mut area) {
+                if let Some(answers) = worker::batch_first_rounds(rel, &meta, &store, &queries, &mut call) {
                     // the rows the answers will most likely return, looked up
                     // page by page of the table first
                     batch.visible.prefetch(answers.iter().flat_map(|a| a.hits.iter().take(k)).map(|h| h.payload));
@@ -153,7 +169,7 @@ unsafe fn search_batch(index: pg_sys::Oid, queries: pg_sys::Datum, k: usize, ef:
                         handed: a.handed,
                         rest: a.rest,
                     });
-                    batch.answer(&store, s * per + 1, &queries, firsts.collect(), false);
+                    batch.answer(&pages, s * per + 1, &queries, firsts.collect(), false);
                     continue;
                 }
                 let copy = copy.get_or_insert_with(|| copy_for(rel, &store, &meta, n, ef));
@@ -161,15 +177,15 @@ unsafe fn search_batch(index: pg_sys::Oid, queries: pg_sys::Datum, k: usize, ef:
                     let first = s * per + c * CHUNK + 1;
                     match copy {
                         Some(copy) => {
-                            let copy: &Copy = copy;
+                            let copy = Prefix { graph: &**copy, width };
                             let rounds: Vec<_> =
-                                chunk.par_iter().map(|q| first_round(copy, batch.metric, q, ef)).collect();
-                            batch.answer(copy, first, chunk, rounds, true);
+                                chunk.par_iter().map(|q| first_round(&copy, batch.metric, q, ef)).collect();
+                            batch.answer(&copy, first, chunk, rounds, true);
                         }
                         None => {
                             for (j, q) in chunk.iter().enumerate() {
-                                let round = first_round(&store, batch.metric, q, ef);
-                                batch.answer(&store, first + j, &chunk[j..=j], vec![round], false);
+                                let round = first_round(&pages, batch.metric, q, ef);
+                                batch.answer(&pages, first + j, &chunk[j..=j], vec![round], false);
                             }
                         }
                     }

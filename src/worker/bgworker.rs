@@ -495,7 +495,7 @@ fn batch_work(
         return Ok(Work::Done(Err(Outcome::Unfit)));
     }
     area.set_len(n);
-    Ok(match device.start_batch(h, area.queries(), dim, req.k as usize, req.ef as usize) {
+    Ok(match device.start_batch(h, area.queries(), dim, req.k as usize, req.ef as usize, req.batch_width as usize) {
         Ok(BatchStart::Done(answers)) => {
             area.write(answers.iter().map(|a| a.iter().map(|h| h.1)));
             *kept = Some(area);

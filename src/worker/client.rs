@@ -201,6 +201,7 @@ unsafe fn exchange<T>(
         r.batch_n = 0;
         r.batch_dsm = 0;
         r.batch_cap = 0;
+        r.batch_width = 0;
         fill(r);
     }
     claim.slot.submit(claim.seq);
@@ -224,16 +225,21 @@ pub fn batch_segment(dim: usize) -> usize {
     BATCH_QUERIES.min(BATCH_BYTES / (4 * dim.max(1))).max(1)
 }
 
-/// The shared-memory segment a batch call's queries go to the worker in,
-/// one for all its segments of queries (made at the first, for `cap`).
-pub struct BatchSegment {
+/// A batch call (gpu_graph_search_batch) as the worker sees it: k rows a
+/// query, beam ef, the first `width` entries of each list (0: all), and
+/// the shared-memory segment its queries go to the worker in, one for all
+/// its segments of queries (made at the first, for `cap`).
+pub struct BatchCall {
+    pub k: usize,
+    pub ef: usize,
+    pub width: usize,
     area: Option<Area>,
     cap: usize,
 }
 
-impl BatchSegment {
-    pub fn new(cap: usize) -> BatchSegment {
-        BatchSegment { area: None, cap }
+impl BatchCall {
+    pub fn new(k: usize, ef: usize, width: usize, cap: usize) -> BatchCall {
+        BatchCall { k, ef, width, area: None, cap }
     }
 }
 
@@ -245,7 +251,8 @@ fn batch_timeout(n: usize) -> Duration {
 }
 
 /// The first rounds of a batch's queries (gpu_graph_search_batch, `k` rows
-/// each) from the worker's batch search, each checked against the pages as
+/// each, through the first `width` entries of each list: 0 all) from the
+/// worker's batch search, each checked against the pages as
 /// a scan's first round is (the first k + VERIFY_AHEAD nodes; the rest when
 /// a query needs them); None when they are to search on the CPU (too many values for
 /// one segment, a worker that is absent, busy, stale or failed).
@@ -257,19 +264,18 @@ pub unsafe fn batch_first_rounds(
     meta: &Meta,
     store: &PageStore,
     queries: &[&[f32]],
-    k: usize,
-    ef: usize,
-    segment: &mut BatchSegment,
+    call: &mut BatchCall,
 ) -> Option<Vec<Answer>> {
+    let (k, ef, width) = (call.k, call.ef, call.width);
     let (n, dim) = (queries.len(), queries.first()?.len());
     if !wanted() || n > batch_segment(dim) {
         return None;
     }
     let hits = ef.min(MAX_HITS);
-    let slot = &mut segment.area;
+    let slot = &mut call.area;
     if !slot.as_ref().is_some_and(|a| a.fits(n, dim, hits)) {
         *slot = None; // the old one goes before the new one is made
-        *slot = Some(Area::create(segment.cap.max(n).min(batch_segment(dim)), dim, hits));
+        *slot = Some(Area::create(call.cap.max(n).min(batch_segment(dim)), dim, hits));
     }
     let area = slot.as_mut().expect("made above");
     area.set_len(n);
@@ -278,7 +284,8 @@ pub unsafe fn batch_first_rounds(
         dst.copy_from_slice(q);
     }
     let (handle, room) = (area.handle(), area.cap() as u32);
-    let fill = |r: &mut Request| (r.batch_n, r.batch_dsm, r.batch_cap) = (n as u32, handle, room);
+    let fill =
+        |r: &mut Request| (r.batch_n, r.batch_dsm, r.batch_cap, r.batch_width) = (n as u32, handle, room, width as u32);
     // SAFETY: the caller's contract.
     let r = unsafe { exchange(index, meta, dim, ef, batch_timeout(n), fill, |_, _| ()) };
     let c = counters();
@@ -286,7 +293,7 @@ pub unsafe fn batch_first_rounds(
     if let Err(o) = r {
         // a worker that took the segment may still write answers into it
         // (a timeout): the next segment of queries gets a new one
-        segment.area = None;
+        call.area = None;
         add(&c.batches_cpu, 1);
         pgrx::debug1!("gpu_graph: a batch of {n} queries searches on the CPU: the worker answered {o:?}");
         return None;

@@ -4,6 +4,7 @@
 
 use gpu_graph_engine::flat::FlatIndex;
 use gpu_graph_engine::search::search;
+use gpu_graph_engine::store::{GraphView, Prefix};
 
 use super::gpu::{GpuBatch, GpuPending, GpuResident, GpuSearch};
 use super::outcome::Outcome;
@@ -101,7 +102,8 @@ impl Device {
     }
 
     /// Starts the searches of a batch (`queries`: `dim` values each, as
-    /// the user gave them), each as [`Device::start`] would.
+    /// the user gave them), each as [`Device::start`] would, through the
+    /// first `width` entries of each list (0: all).
     pub fn start_batch(
         &self,
         h: &Handle,
@@ -109,22 +111,17 @@ impl Device {
         dim: usize,
         k: usize,
         ef: usize,
+        width: usize,
     ) -> Result<BatchStart, Outcome> {
         let n = queries.len() / dim.max(1);
         match (self, h) {
             (_, Handle::Empty) => Ok(BatchStart::Done(vec![Vec::new(); n])),
-            (_, Handle::Cpu(_)) => Ok(BatchStart::Done(
-                queries
-                    .chunks_exact(dim)
-                    .map(|q| {
-                        self.start(h, q, k, ef).map(|s| match s {
-                            Start::Done(hits) => hits,
-                            Start::Pending(_) => unreachable!("the CPU answers at once"),
-                        })
-                    })
-                    .collect::<Result<_, _>>()?,
-            )),
-            (Device::Gpu(g), Handle::Gpu(r)) => g.submit_batch(r, queries, dim, k, ef).map(BatchStart::Pending),
+            (_, Handle::Cpu(index)) => {
+                let g = Prefix { graph: index, width: if width == 0 { index.degree() } else { width } };
+                let answer = |q: &[f32]| search(&g, index.metric, q, k, ef).iter().map(|h| (h.dist, h.node)).collect();
+                Ok(BatchStart::Done(queries.chunks_exact(dim).map(answer).collect()))
+            }
+            (Device::Gpu(g), Handle::Gpu(r)) => g.submit_batch(r, queries, dim, k, ef, width).map(BatchStart::Pending),
             (Device::Cpu, Handle::Gpu(_)) => unreachable!("a GPU copy without a GPU"),
         }
     }

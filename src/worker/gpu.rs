@@ -123,17 +123,19 @@ impl GpuSearch {
         dim: usize,
         k: usize,
         ef: usize,
+        width: usize,
     ) -> Result<GpuBatch, Outcome> {
         let k = k.min(self.server.info().k_max);
         let n = queries.len() / dim.max(1);
-        if n < BATCH_KERNEL_MIN && n <= self.server.info().slots / 2 {
+        // (the persistent kernel searches whole lists: a prefix goes to the batch kernel)
+        if n < BATCH_KERNEL_MIN && n <= self.server.info().slots / 2 && width == 0 {
             let singles = queries.chunks_exact(dim).map(|q| self.submit(r, q, k, ef).map(|p| (p.0, None)));
             if let Ok(tickets) = singles.collect::<Result<Vec<_>, Outcome>>() {
                 return Ok(GpuBatch::Singles(tickets));
             }
             // no slots for all of them now: the batch kernel
         }
-        let submit = |prepared: &[f32]| self.server.submit_batch(r.id, prepared, k, ef);
+        let submit = |prepared: &[f32]| self.server.submit_batch(r.id, prepared, k, ef, width);
         let sent = if r.metric == Metric::L2 {
             // L2 queries are searched as given: sent straight from the segment
             submit(queries)

@@ -103,6 +103,8 @@ pub struct Request {
     pub batch_dsm: u32,
     /// the segment's room, in queries (its layout: worker::batch_area)
     pub batch_cap: u32,
+    /// entries of each list a batch searches (0: all; TSDG's prefix)
+    pub batch_width: u32,
     /// the query as the user gave it (`dim` values)
     pub query: [f32; MAX_QUERY_DIM],
 }

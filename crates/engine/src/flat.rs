@@ -149,4 +149,23 @@ mod tests {
         let free = FlatIndex::try_free(Metric::Cosine, 4, 8, 5, None).unwrap();
         assert!(free.flags.iter().all(|&f| f == node::FREE) && free.graph.adjacency.len() == 40);
     }
+
+    #[test]
+    fn a_prefix_reads_the_first_entries_of_each_list() {
+        use crate::search::search;
+        use crate::store::Prefix;
+        // a path 0 - 1 - 2 - 3 - 4 where each list names its far side last
+        let g = Graph { degree: 2, adjacency: vec![1, NO_NODE, 0, 2, 1, 3, 2, 4, 3, NO_NODE], entry: Some(0) };
+        let ix = FlatIndex::new(Metric::L2, 1, vec![0.0, 1.0, 2.0, 3.0, 4.0], g);
+        let whole = Prefix { graph: &ix, width: 2 };
+        let first = Prefix { graph: &ix, width: 1 };
+        let mut out = Vec::new();
+        first.neighbors(1, &mut out);
+        assert_eq!((out, first.degree(), whole.degree()), (vec![0], 1, 2));
+        // the whole lists walk to 4; the first entries only go back to 0
+        let ids = |hits: Vec<crate::search::Hit>| hits.iter().map(|h| h.node).collect::<Vec<_>>();
+        assert_eq!(ids(search(&whole, Metric::L2, &[4.0], 1, 4)), ids(search(&ix, Metric::L2, &[4.0], 1, 4)));
+        assert_eq!(ids(search(&whole, Metric::L2, &[4.0], 1, 4)), vec![4]);
+        assert_eq!(ids(search(&first, Metric::L2, &[4.0], 1, 4)), vec![1]);
+    }
 }

@@ -103,3 +103,37 @@ pub trait GraphMut: GraphView {
         }
     }
 }
+
+/// A graph searched through the first `width` entries of each list (TSDG's
+/// prefix: lists ordered so that a prefix is itself a good, smaller list;
+/// the large-batch search reads fewer neighbours a step). Everything else
+/// is the graph's own.
+pub struct Prefix<'a, G: GraphView> {
+    pub graph: &'a G,
+    pub width: usize,
+}
+
+impl<G: GraphView> GraphView for Prefix<'_, G> {
+    fn stored_dim(&self) -> usize {
+        self.graph.stored_dim()
+    }
+    fn degree(&self) -> usize {
+        self.width.min(self.graph.degree())
+    }
+    fn node_count(&self) -> u32 {
+        self.graph.node_count()
+    }
+    fn entry(&self) -> Option<u32> {
+        self.graph.entry()
+    }
+    fn seeds(&self, out: &mut Vec<u32>) {
+        self.graph.seeds(out)
+    }
+    fn visit<F: FnOnce(&[f32]) -> f32>(&self, node: u32, dist: F) -> Option<Visit> {
+        self.graph.visit(node, dist)
+    }
+    fn neighbors(&self, node: u32, out: &mut Vec<u32>) {
+        self.graph.neighbors(node, out);
+        out.truncate(self.width);
+    }
+}

@@ -167,6 +167,8 @@ abi_structs! {
         pub beam: u32,
         pub visited_log2: u32,
         pub visit_base: u32,
+        pub width: u32,
+        pub pad0: u32,
     }
 }
 

@@ -53,6 +53,24 @@ DELETE FROM alg WHERE id < 0;
 VACUUM alg;
 SELECT count(*) AS problems FROM gpu_graph_verify('alg_idx');
 SELECT alg_recall() >= 0.95 AS recall_at_least_095;
+-- batches search a prefix of each list of a tsdg index (TSDG orders lists
+-- so that one is a good smaller list): half of it by default; whole lists
+-- (gpu_graph.batch_prefix at the degree or above) give the scans' rows,
+-- two entries a list show the prefix is what is searched (one would not:
+-- a search that runs out of graph goes on over every node)
+CREATE FUNCTION alg_batch_recall() RETURNS numeric LANGUAGE sql AS $$
+  SELECT round(count(*) / 500.0, 2)
+    FROM gpu_graph_search_batch('alg_idx', (SELECT array_agg(v ORDER BY n) FROM algq), 10, 40) b
+    JOIN alg ON alg.ctid = b.ctid
+   WHERE (b.query, alg.id) IN (SELECT n, id FROM alg_exact)
+$$;
+SELECT alg_batch_recall() >= 0.90 AS half_lists_recall_at_least_090;
+SET gpu_graph.batch_prefix = 256;
+SELECT alg_batch_recall() = alg_recall() AS whole_lists_recall_as_scans;
+SET gpu_graph.batch_prefix = 2;
+SELECT alg_batch_recall() < 0.5 AS two_entries_a_list_find_less;
+RESET gpu_graph.batch_prefix;
+DROP FUNCTION alg_batch_recall();
 DROP INDEX alg_idx;
 -- inner product (pinned outliers, augmented vectors) and cosine: the
 -- same floor against their own exact neighbours

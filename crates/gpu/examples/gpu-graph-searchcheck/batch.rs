@@ -13,9 +13,15 @@ use crate::common::{cpu_recall, Data, Verdict, K};
 use crate::{check_answer, Indexes, WAIT};
 
 /// Submits one batch and waits for it; its answers and seconds.
-fn run_batch(server: &SearchServer, id: ResidentId, queries: &[f32], ef: usize) -> Result<(BatchAnswers, f64), String> {
+fn run_batch(
+    server: &SearchServer,
+    id: ResidentId,
+    queries: &[f32],
+    ef: usize,
+    width: usize,
+) -> Result<(BatchAnswers, f64), String> {
     let t = Instant::now();
-    let ticket = server.submit_batch(id, queries, K, ef).map_err(|e| e.to_string())?;
+    let ticket = server.submit_batch(id, queries, K, ef, width).map_err(|e| e.to_string())?;
     loop {
         if let Some(a) = server.poll_batch(&ticket).map_err(|e| e.to_string())? {
             return Ok((a, t.elapsed().as_secs_f64()));
@@ -68,7 +74,7 @@ pub fn run(
         if plan.list as usize > si.list_cap {
             continue;
         }
-        match run_batch(server, id, &flat, ef) {
+        match run_batch(server, id, &flat, ef, 0) {
             Ok((a, secs)) => {
                 let (r, bad) = check(&a, &ix.l2, &ix.l2_queries, &data.truth);
                 v.check(
@@ -91,7 +97,7 @@ pub fn run(
     let ef = *efs.iter().max().unwrap_or(&64);
     let ip_flat: Vec<f32> = ix.ip_queries.concat();
     let (cr, _) = cpu_recall(&ix.ip, Metric::InnerProduct, &data.queries, &ix.ip_truth, ef);
-    match run_batch(server, ip_id, &ip_flat, ef) {
+    match run_batch(server, ip_id, &ip_flat, ef, 0) {
         Ok((a, _)) => {
             let (r, bad) = check(&a, &ix.ip, &ix.ip_queries, &ix.ip_truth);
             v.check(
@@ -106,8 +112,30 @@ pub fn run(
             v.check(false, format!("batch, inner product index: {e}"));
         }
     }
+    prefixes(server, id, ix, data, &flat, efs);
     sizes(server, id, &flat, ix.l2_queries[0].len(), efs);
     beside(server, id, ix, &flat, efs, v);
+}
+
+/// Recall and queries/s (16,384 queries a call) through the first entries
+/// of each list (TSDG's prefix; on this graph the lists are in prune
+/// order); every answer checked.
+fn prefixes(server: &SearchServer, id: ResidentId, ix: &Indexes, data: &Data, flat: &[f32], efs: &[usize]) {
+    let dim = ix.l2_queries[0].len();
+    let big: Vec<f32> = flat.iter().copied().cycle().take(16384 * dim).collect();
+    for width in [0usize, 24, 16] {
+        let mut line = format!("batch through the first {width} entries of each list (0: all):");
+        for &ef in efs {
+            let r = run_batch(server, id, flat, ef, width).map(|(a, _)| check(&a, &ix.l2, &ix.l2_queries, &data.truth));
+            let q = run_batch(server, id, &big, ef, width).map(|(_, secs)| 16384.0 / secs);
+            match (r, q) {
+                (Ok((r, None)), Ok(q)) => line += &format!(" ef {ef}: recall@10 {r:.4}, {q:.0} q/s;"),
+                (Ok((_, Some(bad))), _) => line += &format!(" ef {ef}: {bad};"),
+                (Err(e), _) | (_, Err(e)) => line += &format!(" ef {ef}: {e};"),
+            }
+        }
+        println!("{line}");
+    }
 }
 
 /// Queries/s by batch size (the queries repeated to fill the larger ones),
@@ -122,7 +150,7 @@ fn sizes(server: &SearchServer, id: ResidentId, flat: &[f32], dim: usize, efs: &
             let (mut done, t) = (0usize, Instant::now());
             let mut last = None;
             while t.elapsed() < Duration::from_millis(500) {
-                let ticket = match server.submit_batch(id, &q, K, ef) {
+                let ticket = match server.submit_batch(id, &q, K, ef, 0) {
                     Ok(t) => t,
                     Err(e) => {
                         line += &format!(" {size}: {e};");
@@ -176,7 +204,7 @@ fn beside(server: &SearchServer, id: ResidentId, ix: &Indexes, flat: &[f32], efs
     let t0 = Instant::now();
     let idle = singles(&|| t0.elapsed() > Duration::from_millis(300));
     let big: Vec<f32> = flat.iter().copied().cycle().take(262_144 * dim).collect();
-    let ticket = match server.submit_batch(id, &big, K, ef) {
+    let ticket = match server.submit_batch(id, &big, K, ef, 0) {
         Ok(t) => t,
         Err(e) => {
             v.check(false, format!("batch beside single queries: {e}"));

@@ -137,7 +137,8 @@ impl BatchKernel {
     }
 
     /// Sends `n` prepared queries (`res.dim` values each) for their `k`
-    /// nearest under `plan` (one CTA: `plan.list` is the beam).
+    /// nearest under `plan` (one CTA: `plan.list` is the beam), through the
+    /// first `width` entries of each list (0: whole lists).
     pub fn submit(
         &self,
         registry: &Registry,
@@ -145,6 +146,7 @@ impl BatchKernel {
         queries: &[f32],
         k: usize,
         plan: &QueryPlan,
+        width: usize,
     ) -> Result<BatchTicket, GpuError> {
         let t0 = std::time::Instant::now();
         let n = queries.len() / res.dim;
@@ -205,6 +207,8 @@ impl BatchKernel {
             beam: plan.beam_width.max(1),
             visited_log2: self.visited_log2,
             visit_base: *base,
+            width: width.min(res.degree) as u32,
+            pad0: 0,
         };
         let timed = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
         let started = s.context().new_event(timed).map_err(|e| cuda("creating an event", e))?;

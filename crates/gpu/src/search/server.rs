@@ -339,14 +339,17 @@ impl SearchServer {
 
     /// Submits `queries` (prepared like `Metric::prepare_query`, stored_dim
     /// values each, one after another) for their `k` nearest with beam
-    /// `ef`, searched together by the batch kernel (see [`super::batch`]).
-    /// Returns at once; [`SearchServer::poll_batch`] gives the answers.
+    /// `ef`, searched together by the batch kernel (see [`super::batch`])
+    /// through the first `width` entries of each list (0: whole lists; a
+    /// TSDG graph's prefix). Returns at once; [`SearchServer::poll_batch`]
+    /// gives the answers.
     pub fn submit_batch(
         &self,
         index: ResidentId,
         queries: &[f32],
         k: usize,
         ef: usize,
+        width: usize,
     ) -> Result<BatchTicket, SearchError> {
         let i = &self.inner;
         i.health.usable()?;
@@ -368,7 +371,7 @@ impl SearchServer {
         if plan.list as usize > i.info.list_cap {
             return bad(format!("a beam of {} (at most {} in a batch)", plan.list, i.info.list_cap));
         }
-        let r = i.batch.submit(&i.registry, res, queries, k, &plan).map_err(SearchError::from);
+        let r = i.batch.submit(&i.registry, res, queries, k, &plan, width).map_err(SearchError::from);
         i.fatal_or(r)
     }
 

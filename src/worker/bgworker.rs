@@ -221,9 +221,14 @@ struct Worker {
     /// the slots taken in one pass (kept for its allocation)
     taken: Vec<(usize, u64)>,
     /// the last batch segment mapped, kept for the next segment of queries
-    /// its backend sends (worker::batch_area); let go when idle
-    segment: Option<Area>,
+    /// its backend sends (worker::batch_area), and since when; let go when
+    /// idle or after SEGMENT_KEEP unused (its backend has finished, and the
+    /// mapping would keep its memory)
+    segment: Option<(Area, Instant)>,
 }
+
+/// How long an unused batch segment stays mapped.
+const SEGMENT_KEEP: Duration = Duration::from_secs(1);
 
 impl Worker {
     /// gpu_graph.gpu_memory_limit in bytes (0 = none).
@@ -260,6 +265,9 @@ impl Worker {
                     pg_sys::ConfigReloadPending = 0;
                     pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP);
                 }
+            }
+            if self.segment.as_ref().is_some_and(|(_, since)| since.elapsed() > SEGMENT_KEEP) {
+                self.segment = None;
             }
             let took = self.take_requests()?;
             if !took {
@@ -399,7 +407,7 @@ impl Worker {
                         area.write(answers.iter().map(|a| a.iter().map(|h| h.1)));
                         add(&c.batch_write_us, t.elapsed().as_micros() as u64);
                         if let Work::Batch(area, ..) = std::mem::replace(&mut f.work, Work::Done(Ok(Vec::new()))) {
-                            self.segment = Some(area);
+                            self.segment = Some((area, Instant::now()));
                         }
                     }
                     Err(o) => f.work = Work::Done(Err(failed(&self.device, o)?)),
@@ -478,12 +486,12 @@ fn batch_work(
     h: &Handle,
     req: &Request,
     c: &Counters,
-    kept: &mut Option<Area>,
+    kept: &mut Option<(Area, Instant)>,
 ) -> Result<Work, String> {
     let t = Instant::now();
     let (n, cap, dim, hits) = (req.batch_n as usize, req.batch_cap as usize, req.dim as usize, req.ef as usize);
     let mut area = match kept.take() {
-        Some(a) if a.is(req.batch_dsm, cap, dim, hits) => a,
+        Some((a, _)) if a.is(req.batch_dsm, cap, dim, hits) => a,
         // SAFETY: the worker's main thread (gpu_graph_worker_main), with
         // its resource owner (an older mapping was let go just above).
         _ => match unsafe { Area::attach(req.batch_dsm, cap, dim, hits) } {
@@ -498,7 +506,7 @@ fn batch_work(
     Ok(match device.start_batch(h, area.queries(), dim, req.k as usize, req.ef as usize, req.batch_width as usize) {
         Ok(BatchStart::Done(answers)) => {
             area.write(answers.iter().map(|a| a.iter().map(|h| h.1)));
-            *kept = Some(area);
+            *kept = Some((area, Instant::now()));
             Work::Done(Ok(Vec::new()))
         }
         Ok(BatchStart::Pending(b)) => {

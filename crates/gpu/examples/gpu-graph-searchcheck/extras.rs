@@ -187,11 +187,47 @@ fn unload_and_bad_arguments(
     v: &mut Verdict,
 ) {
     let b = server.resident_info(ip_id).map_or(0, |i| i.bytes);
+    // a query and a batch this thread holds unpolled, as the search worker
+    // holds its own between polls: the unload must not wait for them
+    let held = server.submit(ip_id, &ix.ip_queries[0], K, 20);
+    let held_batch = server.submit_batch(ip_id, &ix.ip_queries[..64].concat(), K, 20, 0);
+    let t = Instant::now();
     let r = server.unload(ip_id);
+    let took = t.elapsed();
     let after = server.submit(ip_id, &ix.ip_queries[0], K, 20);
     v.check(
-        r.is_ok() && server.resident_info(ip_id).is_none() && matches!(after, Err(SearchError::Invalid(_))),
-        format!("unload: {r:?} ({} MiB), a query on it then: {:?}", b >> 20, after.err()),
+        r.is_ok()
+            && took < Duration::from_secs(1)
+            && server.resident_info(ip_id).is_none()
+            && matches!(after, Err(SearchError::Invalid(_))),
+        format!(
+            "unload: {r:?} ({} MiB) in {:.1} ms with a query and a batch of its own thread unpolled, a query on it then: {:?}",
+            b >> 20,
+            took.as_secs_f64() * 1e3,
+            after.err()
+        ),
+    );
+    // the held ones end (answered, or told the index is gone) and let go
+    let query = held.map_err(|e| e.to_string()).and_then(|mut t| server.wait(&mut t, WAIT).map_err(|e| e.to_string()));
+    let batch = held_batch.map_err(|e| e.to_string()).and_then(|b| {
+        let t0 = Instant::now();
+        loop {
+            match server.poll_batch(&b) {
+                Ok(Some(a)) => break Ok(a.len()),
+                Ok(None) if t0.elapsed() < WAIT => std::thread::yield_now(),
+                Ok(None) => break Err("no answer".to_string()),
+                Err(e) => break Err(e.to_string()),
+            }
+        }
+    });
+    let healthy = server.health().is_ok();
+    v.check(
+        healthy && !matches!(&batch, Err(e) if e == "no answer"),
+        format!(
+            "after the unload: the held query {:?}, the held batch {:?}, server usable {healthy}",
+            query.map(|a| a.hits.len()),
+            batch
+        ),
     );
     let r1 = server.submit(id, &ix.l2_queries[0][..5], K, 20);
     let r2 = server.submit(id, &ix.l2_queries[0], 100_000, 20);

@@ -147,6 +147,9 @@ pub struct Patch {
     pub lists: Vec<(u32, Vec<u32>)>,
 }
 
+/// How long an unload waits for the queries that hold its index.
+const UNLOAD_WAIT: Duration = Duration::from_millis(100);
+
 /// Rows a resident index is given room to grow by beyond its nodes at load
 /// (an eighth, at least 1024): inserts patch it in place until it is full.
 fn capacity_for(n: usize) -> usize {
@@ -326,8 +329,15 @@ impl Registry {
         mgmt.synchronize().map_err(|e| cuda("writing the index table", e))
     }
 
-    /// Removes an index once no query holds it (`in_flight` is told to let
-    /// go of abandoned slots while it waits, up to 10 s).
+    /// Removes an index: its descriptor is cleared at once (queries that
+    /// start from now on find no index) and the table entry freed; its
+    /// device memory goes with the last reference. `in_flight` is told to
+    /// let go of abandoned slots while this waits, up to UNLOAD_WAIT, for
+    /// the queries that hold it; one held longer (a ticket its owner has
+    /// not polled, possibly on this very thread: the search worker unloads
+    /// between polls) keeps the memory until it is answered or dropped,
+    /// after the kernel finished with it. Waiting for them all would wait
+    /// for a thread that is waiting here.
     pub fn unload(&self, id: ResidentId, mut in_flight: impl FnMut() -> bool) -> Result<(), SearchError> {
         let res = {
             let mut e = self.entries.write();
@@ -340,19 +350,14 @@ impl Registry {
                 _ => return Err(SearchError::Invalid(format!("index {id:?} is not resident"))),
             }
         };
-        // each busy slot holds a reference
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Arc::strong_count(&res) > 1 && in_flight() {
-            if Instant::now() > deadline {
-                // still in use: keep its memory (and its table entry) alive
-                return Err(SearchError::Gpu(GpuError::Cuda(
-                    "unload: queries on the index did not finish in 10 s".into(),
-                )));
-            }
+        // each busy slot and batch holds a reference
+        let deadline = Instant::now() + UNLOAD_WAIT;
+        while Arc::strong_count(&res) > 1 && in_flight() && Instant::now() < deadline {
             std::thread::sleep(Duration::from_micros(200));
         }
         let r = self.write_desc(&self.mgmt.lock(), id.table as usize, &IndexDesc::default());
-        // the device copy is freed on the management stream, after the clear
+        // the device copy is freed with the last reference, on the
+        // management stream, after the clear
         drop(res);
         self.entries.write()[id.table as usize] = Entry::Free;
         r.map_err(SearchError::from)

@@ -260,8 +260,11 @@ impl SearchServer {
         self.inner.fatal_or(r)
     }
 
-    /// Removes an index: new queries against it fail at once; waits (up to
-    /// 10 s) for those in flight, then frees its device memory.
+    /// Removes an index: new queries against it fail at once; waits up to
+    /// UNLOAD_WAIT for those in flight to let go of it, which frees its
+    /// device memory at once. A query (or batch) still held after that,
+    /// by this very thread say, keeps the memory until it is answered or
+    /// dropped; the index is gone all the same.
     pub fn unload(&self, id: ResidentId) -> Result<(), SearchError> {
         self.inner.health.usable()?;
         let i = &self.inner;

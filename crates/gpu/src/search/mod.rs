@@ -69,7 +69,9 @@
 //! * Load an index with its stored vectors (as prepared on the pages),
 //!   adjacency, entry point and deleted flags; key the [`ResidentId`] by
 //!   (database, relfilenode, generation); `unload` on eviction (it waits
-//!   for the queries in flight); `update_flags` / `update_flags_batch` for
+//!   up to 100 ms for the queries in flight; one held longer keeps the
+//!   memory until it is answered or dropped); `update_flags` /
+//!   `update_flags_batch` for
 //!   deletes (the host copy filters at once).
 //! * Per query: `Metric::prepare_query`, `submit` (or `submit_in_group`
 //!   with one host thread per group), `wait` with what is left of

@@ -21,13 +21,14 @@
 
 use std::ops::Range;
 
+use gpu_graph_engine::store::Visit;
 use gpu_graph_engine::NO_NODE;
 use half::f16;
 // SIMD conversions of whole vectors (F16C where the CPU has it)
 use half::slice::HalfFloatSliceExt;
 use pgrx::pg_sys;
 
-use super::layout::{Element, Layout, BLCKSZ, FLAG_FREE, PAGE_HEADER, USABLE, VECTOR_HEADER};
+use super::layout::{Element, Layout, BLCKSZ, FLAG_DELETED, FLAG_FREE, PAGE_HEADER, USABLE, VECTOR_HEADER};
 use super::meta::Meta;
 
 /// A heap TID packed in the engine's u64 payload: block << 16 | offset.
@@ -104,6 +105,19 @@ impl Stored<'_> {
 pub struct Tuple<'a> {
     pub header: VectorHeader,
     pub vector: Stored<'a>,
+}
+
+impl Tuple<'_> {
+    /// What a search's visit of this node finds: None for a free slot, else
+    /// `dist` of its vector (decoded into `scratch` where it is f16), its
+    /// payload and whether it is deleted.
+    pub fn visit(&self, scratch: &mut Vec<f32>, dist: impl FnOnce(&[f32]) -> f32) -> Option<Visit> {
+        if self.header.flags & FLAG_FREE != 0 {
+            return None;
+        }
+        let deleted = self.header.flags & FLAG_DELETED != 0;
+        Some(Visit { dist: self.vector.with_f32(scratch, dist), payload: self.header.payload(), deleted })
+    }
 }
 
 /// Where a node's list lies in its graph page's contents.

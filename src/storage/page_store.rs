@@ -131,13 +131,8 @@ impl PageStore {
                 let b = Locked::read(self.rel, run[0].0, false);
                 let page = b.page();
                 for &(_, i) in run {
-                    let (i, node) = (i as usize, nodes[i as usize]);
-                    let t = page.tuple(&self.layout, node);
-                    if t.header.flags & FLAG_FREE == 0 {
-                        let deleted = t.header.flags & FLAG_DELETED != 0;
-                        let d = t.vector.with_f32(&mut scratch, |x| dist(i, x));
-                        out[i] = Some(Visit { dist: d, payload: t.header.payload(), deleted });
-                    }
+                    let i = i as usize;
+                    out[i] = page.tuple(&self.layout, nodes[i]).visit(&mut scratch, |x| dist(i, x));
                 }
             }
         }
@@ -187,13 +182,7 @@ impl GraphView for PageStore {
         // buffer meanwhile.
         unsafe {
             let b = Locked::read(self.rel, self.layout.vector_block(node), false);
-            let t = b.page().tuple(&self.layout, node);
-            if t.header.flags & FLAG_FREE != 0 {
-                return None;
-            }
-            let deleted = t.header.flags & FLAG_DELETED != 0;
-            let dist = t.vector.with_f32(&mut self.scratch.borrow_mut(), dist);
-            Some(Visit { dist, payload: t.header.payload(), deleted })
+            b.page().tuple(&self.layout, node).visit(&mut self.scratch.borrow_mut(), dist)
         }
     }
     fn neighbors(&self, node: u32, out: &mut Vec<u32>) {

@@ -304,8 +304,9 @@ pub unsafe fn batch_first_rounds(
     let cut = |j: usize| area.answer(j).len().min(k + VERIFY_AHEAD);
     let mut answers = verify(store, meta, queries, |j| &area.answer(j)[..cut(j)]);
     for (j, a) in answers.iter_mut().enumerate() {
+        // `verify` handed out the part it read; the rest is handed out too
         a.rest = area.answer(j)[cut(j)..].to_vec();
-        a.handed = area.answer(j).to_vec();
+        a.handed.extend_from_slice(&a.rest);
     }
     Some(answers)
 }

@@ -42,16 +42,7 @@ echo "== one query a statement, ${CLIENTS:-64} clients" | tee -a "$log"
 # the query vectors (all of query.fvecs, repeated to COUNT_BATCHES) in one
 # two-dimensional array kept in a table, one call per ef; the worker's own
 # time on the batches from gpu_graph_worker_stats()
-python3 - "$dir/query.fvecs" >/tmp/gg-bq.copy <<'PY'
-import sys, struct
-raw = open(sys.argv[1], 'rb').read()
-d = struct.unpack_from('<i', raw)[0]
-row = 4 * (d + 1)
-for i in range(len(raw) // row):
-    print(f"{i}\t{{{','.join(repr(x) for x in struct.unpack_from(f'<{d}f', raw, i * row + 4))}}}")
-PY
-gg_q -c "DROP TABLE IF EXISTS bq; CREATE TABLE bq (id int, v real[]); ALTER TABLE bq ALTER v SET STORAGE PLAIN" \
-  -c "\\copy bq FROM '/tmp/gg-bq.copy'"
+gg_queries_table "$dir" 'real[]' bq 0
 nbq=$(gg_q -c "SELECT count(*) FROM bq")
 for b in ${COUNT_BATCHES:-10000 100000}; do
   gg_q -c "DROP TABLE IF EXISTS bq_arr" \

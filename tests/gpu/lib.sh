@@ -1,6 +1,8 @@
 # shellcheck shell=bash
 # Shared by the GPU machine's benchmark scripts: source it.
-#   gg_queries_table DIR TYPE     table `queries` (id 0..999, v TYPE) from DIR/query.fvecs
+#   gg_queries_table DIR TYPE [TABLE] [ROWS]
+#                                 table TABLE (`queries`; id 0.., v TYPE) of the first ROWS
+#                                 (1000; 0: all) vectors of DIR/query.fvecs
 #   gg_knn_sql OP                 /tmp/gg-knn.sql: pgbench's k-NN query, its vector from `queries`
 #   gg_pgbench LABEL CLIENTS SECS PGOPTIONS [LOG]
 #                                 one pgbench -M prepared run of /tmp/gg-knn.sql: a line
@@ -11,21 +13,22 @@
 gg_q() { psql -X -q -v ON_ERROR_STOP=1 -At "$@"; }
 
 gg_queries_table() {
-  local dir=$1 type=$2 dim
-  python3 - "$dir/query.fvecs" "$type" >/tmp/gg-queries.copy <<'PY'
+  local dir=$1 type=$2 table=${3:-queries} rows=${4:-1000} dim
+  python3 - "$dir/query.fvecs" "$type" "$rows" >/tmp/gg-queries.copy <<'PY'
 import sys, struct
 raw = open(sys.argv[1], 'rb').read()
 d = struct.unpack_from('<i', raw)[0]
 row = 4 * (d + 1)
 real = sys.argv[2] == 'real[]'
-for i in range(min(1000, len(raw) // row)):
+n = len(raw) // row if int(sys.argv[3]) == 0 else min(int(sys.argv[3]), len(raw) // row)
+for i in range(n):
     v = ','.join(repr(x) for x in struct.unpack_from(f'<{d}f', raw, i * row + 4))
     print(f"{i}\t{{{v}}}" if real else f"{i}\t[{v}]")
 PY
   dim=$(python3 -c "import struct,sys; print(struct.unpack('<i', open(sys.argv[1],'rb').read(4))[0])" "$dir/query.fvecs")
   [ "$type" = 'real[]' ] || type="$type($dim)"
-  gg_q -c "SET client_min_messages = warning; DROP TABLE IF EXISTS queries; CREATE TABLE queries (id int PRIMARY KEY, v $type)"
-  gg_q -c "\\copy queries FROM /tmp/gg-queries.copy"
+  gg_q -c "SET client_min_messages = warning; DROP TABLE IF EXISTS $table; CREATE TABLE $table (id int PRIMARY KEY, v $type)"
+  gg_q -c "\\copy $table FROM /tmp/gg-queries.copy"
 }
 
 gg_knn_sql() {

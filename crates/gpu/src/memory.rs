@@ -126,3 +126,51 @@ impl Drop for Pinned {
         let _ = unsafe { result::free_host(self.ptr as *mut c_void) };
     }
 }
+
+/// Copies from host to device, issued on `stream` as one batch
+/// (cuMemcpyBatchAsync, CUDA 13 drivers): one driver call where a copy
+/// each costs microseconds of the calling thread. The copies of one batch
+/// may land in any order; batches on a stream land in its order. Each copy
+/// is (device address, host source, bytes); the sources must stay
+/// untouched until the stream has passed the batch.
+///
+/// # Safety
+/// Each destination holds its bytes; each source is readable for them.
+pub unsafe fn memcpy_htod_batch_async(
+    stream: &CudaStream,
+    copies: &[(u64, *const u8, usize)],
+) -> Result<(), sys::CUresult> {
+    if copies.is_empty() {
+        return Ok(());
+    }
+    let mut dsts: Vec<sys::CUdeviceptr> = copies.iter().map(|c| c.0).collect();
+    let mut srcs: Vec<sys::CUdeviceptr> = copies.iter().map(|c| c.1 as sys::CUdeviceptr).collect();
+    let mut sizes: Vec<usize> = copies.iter().map(|c| c.2).collect();
+    // SAFETY: plain old data; every field set below.
+    let mut attr: sys::CUmemcpyAttributes = unsafe { std::mem::zeroed() };
+    // the sources are read when the stream gets there (pinned, untouched
+    // until then: the caller's contract)
+    attr.srcAccessOrder = sys::CUmemcpySrcAccessOrder::CU_MEMCPY_SRC_ACCESS_ORDER_STREAM;
+    attr.srcLocHint.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST;
+    attr.dstLocHint.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+    attr.dstLocHint.id = stream.context().ordinal() as i32;
+    let mut attr_index = 0usize;
+    // SAFETY: the arrays hold `copies.len()` entries; one attribute for all
+    // of them (from index 0); the caller's contract for the memory.
+    let r = unsafe {
+        sys::cuMemcpyBatchAsync_v2(
+            dsts.as_mut_ptr(),
+            srcs.as_mut_ptr(),
+            sizes.as_mut_ptr(),
+            copies.len(),
+            &mut attr,
+            &mut attr_index,
+            1,
+            stream.cu_stream(),
+        )
+    };
+    match r {
+        sys::CUresult::CUDA_SUCCESS => Ok(()),
+        e => Err(e),
+    }
+}

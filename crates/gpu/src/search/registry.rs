@@ -3,7 +3,7 @@
 //! queries run.
 
 use std::mem::size_of;
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -11,6 +11,7 @@ use cudarc::driver::{result, CudaEvent, CudaSlice, CudaStream};
 use gpu_graph_engine::flat::FlatIndex;
 use gpu_graph_engine::metric::Metric;
 use gpu_graph_engine::node;
+use half::slice::HalfFloatSliceExt;
 use parking_lot::{Mutex, RwLock};
 use rayon::prelude::*;
 
@@ -18,7 +19,7 @@ use super::plan::Sizing;
 use super::server::SearchError;
 use crate::abi::{self, IndexDesc};
 use crate::error::{cuda, GpuError};
-use crate::memory::{device_addr, zeroed, Pinned};
+use crate::memory::{device_addr, memcpy_htod_batch_async, zeroed, Pinned};
 
 /// A resident index, named by every query against it. Stale after unload.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -63,12 +64,6 @@ impl RowFormat {
     pub fn row_bytes(&self) -> usize {
         self.chunks * 16
     }
-}
-
-/// `x` as IEEE half when that loses nothing.
-fn f16_exact(x: f32) -> Option<half::f16> {
-    let h = half::f16::from_f32(x);
-    (x.is_finite() && h.to_f32().to_bits() == x.to_bits()).then_some(h)
 }
 
 pub(crate) struct Resident {
@@ -215,12 +210,19 @@ impl Registry {
 
     pub fn load(&self, index: &FlatIndex) -> Result<ResidentId, SearchError> {
         let n = self.check(index)?;
-        let half = self.half_when_exact && index.vectors.par_iter().all(|x| f16_exact(*x).is_some());
-        let fmt = RowFormat::new(index.stored_dim, half);
+        let dim = index.stored_dim;
+        // fp16 rows when they hold every value exactly, else fp32
+        let (fmt, rows) =
+            match self.half_when_exact.then(|| encode_rows(&index.vectors, dim, &RowFormat::new(dim, true))) {
+                Some(Some(rows)) => (RowFormat::new(dim, true), rows),
+                _ => {
+                    let fmt = RowFormat::new(dim, false);
+                    (fmt, encode_rows(&index.vectors, dim, &fmt).expect("fp32 rows hold any value"))
+                }
+            };
         if fmt.qwords > self.max_qwords {
-            return Err(SearchError::Invalid(format!("stored dimension {} too large", index.stored_dim)));
+            return Err(SearchError::Invalid(format!("stored dimension {dim} too large")));
         }
-        let rows = encode_rows(&index.vectors, index.stored_dim, &fmt);
         let table = {
             let mut e = self.entries.write();
             let Some(i) = e.iter().position(|e| matches!(e, Entry::Free)) else {
@@ -406,9 +408,10 @@ impl Registry {
         if !p.rows.iter().all(fits) || !p.lists.iter().all(|l| l.0 as usize + l.1.len() / res.degree <= p.n) {
             return Err(SearchError::Invalid("a patch beyond its node count".into()));
         }
-        if res.fmt.half && !p.rows.iter().all(|r| r.2.iter().all(|x| f16_exact(*x).is_some())) {
+        // the rows in the device's format, checked before anything changes
+        let Some(rows) = p.rows.iter().map(|r| encode_rows(&r.2, dim, &res.fmt)).collect::<Option<Vec<_>>>() else {
             return Ok(false);
-        }
+        };
         // deletions show on the host at once: answers are filtered by it
         for (first, flags, _) in &p.rows {
             for (i, &f) in flags.iter().enumerate() {
@@ -426,11 +429,13 @@ impl Registry {
         // in this order: rows, flags, lists, the table entry (see above)
         let mut up = Upload::new(&mgmt, &staging);
         let rb = res.fmt.row_bytes();
-        for (first, flags, vectors) in &p.rows {
+        for ((first, flags, _), rows) in p.rows.iter().zip(&rows) {
             let at = device_addr(&res.vectors) + (*first as usize * rb) as u64;
-            up.put(at, flags.len() * rb, |o| encode_into(o, vectors, dim, &res.fmt))?;
+            up.put(at, rows.len(), |o| o.copy_from_slice(rows))?;
             up.put(device_addr(&res.d_flags) + *first as u64, flags.len(), |o| o.copy_from_slice(flags))?;
         }
+        // the rows land before the lists that lead to them
+        up.issue()?;
         for (first, lists) in &p.lists {
             let at = device_addr(&res.adjacency) + (*first as usize * res.degree * 4) as u64;
             up.put(at, lists.len() * 4, |o| {
@@ -440,6 +445,8 @@ impl Registry {
             })?;
         }
         if grown {
+            // and the lists before the count that admits their new nodes
+            up.issue()?;
             let desc = IndexDesc { n: p.n as u32, entry: p.entry, ..res.desc() };
             let at = self.table_addr() + (res.table as usize * size_of::<IndexDesc>()) as u64;
             // SAFETY: IndexDesc is plain old data of this size.
@@ -537,13 +544,26 @@ impl<'a> Upload<'a> {
         self.stream.synchronize().map_err(|e| SearchError::from(cuda("patching an index", e)))
     }
 
-    /// Issues the copies gathered, without waiting.
+    /// Issues the copies gathered, without waiting: one batch (a driver
+    /// call) where the driver takes batches, else a call a copy.
     fn issue(&mut self) -> Result<(), SearchError> {
-        for (at, r) in self.copies.drain(..) {
+        let copies: Vec<(u64, *const u8, usize)> =
+            // SAFETY: ranges of the pinned buffer filled by `put`.
+            self.copies.drain(..).map(|(at, r)| (at, unsafe { self.buf.ptr().add(r.start) } as *const u8, r.len())).collect();
+        if copies.len() > 1 && BATCH_COPIES.load(Ordering::Relaxed) {
             // SAFETY: destinations inside the index's arrays or its table
-            // entry (the caller's checks); the source stays untouched until
-            // the wait below.
-            let src = unsafe { std::slice::from_raw_parts(self.buf.ptr().add(r.start), r.len()) };
+            // entry (the caller's checks); the sources stay untouched until
+            // the stream has passed them (the staging lock, `flush`, and
+            // the next patch's wait for this one's event).
+            match unsafe { memcpy_htod_batch_async(self.stream, &copies) } {
+                Ok(()) => return Ok(()),
+                // an older driver: a call a copy from now on
+                Err(_) => BATCH_COPIES.store(false, Ordering::Relaxed),
+            }
+        }
+        for (at, src, len) in copies {
+            // SAFETY: as above.
+            let src = unsafe { std::slice::from_raw_parts(src, len) };
             // SAFETY: as above.
             unsafe { result::memcpy_htod_async(at, src, self.stream.cu_stream()) }
                 .map_err(|e| SearchError::from(cuda("patching an index", e)))?;
@@ -552,35 +572,48 @@ impl<'a> Upload<'a> {
     }
 }
 
-/// The device rows: fp16 when exact, else fp32, zero-padded to 16 bytes.
-fn encode_rows(vectors: &[f32], dim: usize, fmt: &RowFormat) -> Vec<u8> {
-    let mut rows = vec![0u8; vectors.len() / dim * fmt.row_bytes()];
-    encode_into(&mut rows, vectors, dim, fmt);
-    rows
-}
+/// Whether patches send their copies as one batch (cleared when the driver
+/// refuses one: drivers before CUDA 13 have no cuMemcpyBatchAsync_v2).
+static BATCH_COPIES: AtomicBool = AtomicBool::new(true);
 
-/// [`encode_rows`] into `out` (of their length); in parallel only
-/// when there are many (a patch's few rows would wait for the pool).
-fn encode_into(out: &mut [u8], vectors: &[f32], dim: usize, fmt: &RowFormat) {
+/// The device rows of `vectors` (`dim` values each) in format `fmt`,
+/// zero-padded to 16 bytes; None when fp16 rows cannot hold every value
+/// exactly. Slice conversions (F16C where the CPU has it: a value at a time
+/// took tens of microseconds for a patch's page of rows), in parallel
+/// blocks only when there are many rows.
+fn encode_rows(vectors: &[f32], dim: usize, fmt: &RowFormat) -> Option<Vec<u8>> {
+    const BLOCK: usize = 1024;
     let rb = fmt.row_bytes();
-    let one = |(o, v): (&mut [u8], &[f32])| {
-        o.fill(0);
-        if fmt.half {
-            for (i, x) in v.iter().enumerate() {
-                let h = f16_exact(*x).unwrap_or_default();
-                o[2 * i..2 * i + 2].copy_from_slice(&h.to_le_bytes());
+    let mut out = vec![0u8; vectors.len() / dim * rb];
+    let block = |(o, v): (&mut [u8], &[f32])| -> bool {
+        if !fmt.half {
+            for (o, r) in o.chunks_exact_mut(rb).zip(v.chunks(dim)) {
+                for (o, x) in o.chunks_exact_mut(4).zip(r) {
+                    o.copy_from_slice(&x.to_le_bytes());
+                }
             }
-        } else {
-            for (i, x) in v.iter().enumerate() {
-                o[4 * i..4 * i + 4].copy_from_slice(&x.to_le_bytes());
+            return true;
+        }
+        let mut h = vec![half::f16::ZERO; v.len()];
+        h.convert_from_f32_slice(v);
+        let mut back = vec![0.0f32; v.len()];
+        h.convert_to_f32_slice(&mut back);
+        if !v.iter().zip(&back).all(|(x, b)| x.is_finite() && x.to_bits() == b.to_bits()) {
+            return false;
+        }
+        for (o, r) in o.chunks_exact_mut(rb).zip(h.chunks(dim)) {
+            for (o, x) in o.chunks_exact_mut(2).zip(r) {
+                o.copy_from_slice(&x.to_le_bytes());
             }
         }
+        true
     };
-    if vectors.len() / dim.max(1) < 4096 {
-        out.chunks_mut(rb).zip(vectors.chunks(dim)).for_each(one);
+    let whole = if vectors.len() < 4 * BLOCK * dim {
+        out.chunks_mut(rb * BLOCK).zip(vectors.chunks(dim * BLOCK)).all(block)
     } else {
-        out.par_chunks_mut(rb).zip(vectors.par_chunks(dim)).for_each(one);
-    }
+        out.par_chunks_mut(rb * BLOCK).zip(vectors.par_chunks(dim * BLOCK)).all(block)
+    };
+    whole.then_some(out)
 }
 
 #[cfg(test)]
@@ -588,7 +621,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn f16_exact_roundtrips() {
+    fn fp16_rows_only_when_exact() {
         for v in [
             0.0f32,
             -0.0,
@@ -601,11 +634,12 @@ mod tests {
             2.0f32.powi(-24),
             3.0 * 2.0f32.powi(-20),
         ] {
-            let h = f16_exact(v).unwrap_or_else(|| panic!("{v} should convert"));
+            let row = encode_rows(&[v], 1, &RowFormat::new(1, true)).unwrap_or_else(|| panic!("{v} should convert"));
+            let h = half::f16::from_le_bytes([row[0], row[1]]);
             assert_eq!(h.to_f32().to_bits(), v.to_bits(), "{v}");
         }
         for v in [0.1f32, 65505.0, 1e6, 2.0f32.powi(-25), 1.0 + 2.0f32.powi(-11), f32::NAN, f32::INFINITY] {
-            assert!(f16_exact(v).is_none(), "{v} is not exact in half");
+            assert!(encode_rows(&[v], 1, &RowFormat::new(1, true)).is_none(), "{v} is not exact in half");
         }
     }
 
@@ -623,8 +657,20 @@ mod tests {
         assert_eq!((r.chunks, r.lanes), (500, 32));
         let r = RowFormat::new(768, false);
         assert_eq!((r.chunks, r.lanes), (192, 16));
-        let rows = encode_rows(&[1.0, 2.0, 3.0], 3, &RowFormat::new(3, false));
+        let rows = encode_rows(&[1.0, 2.0, 3.0], 3, &RowFormat::new(3, false)).unwrap();
         assert_eq!(rows.len(), 16);
         assert_eq!(&rows[4..8], &2.0f32.to_le_bytes());
+        // fp16: exact values only, each row padded to its 16 bytes
+        let rows = encode_rows(&[1.0, 0.5, -2.0, 3.0, 4.0, 65504.0], 3, &RowFormat::new(3, true)).unwrap();
+        assert_eq!(rows.len(), 32);
+        assert_eq!(&rows[2..4], &half::f16::from_f32(0.5).to_le_bytes());
+        assert_eq!(&rows[6..16], &[0u8; 10]);
+        assert_eq!(&rows[20..22], &half::f16::from_f32(65504.0).to_le_bytes());
+        assert!(encode_rows(&[1.0, 0.1, 3.0], 3, &RowFormat::new(3, true)).is_none());
+        assert!(encode_rows(&[1.0, f32::INFINITY, 3.0], 3, &RowFormat::new(3, true)).is_none());
+        // more rows than a block, in parallel
+        let many: Vec<f32> = (0..3 * 5000).map(|i| (i % 2048) as f32).collect();
+        let rows = encode_rows(&many, 3, &RowFormat::new(3, true)).unwrap();
+        assert_eq!(&rows[16 * 4999..16 * 4999 + 2], &half::f16::from_f32(many[3 * 4999]).to_le_bytes());
     }
 }

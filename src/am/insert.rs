@@ -12,6 +12,7 @@ use crate::storage::codec::tid_to_payload;
 use crate::storage::meta::Meta;
 use crate::storage::page_store::PageStore;
 use crate::types::pgvector::Column;
+use crate::worker;
 
 /// Beam of the neighbour search for a new row: wider than a query's because
 /// the new node's list is built from it once and kept.
@@ -66,7 +67,15 @@ pub unsafe extern "C-unwind" fn aminsert(
         metric.prepare_stored(v, meta.max_norm, &mut stored);
         check_encodable(meta.element(), &stored);
         let store = PageStore::new(index, &meta);
-        let id = insert::insert(&store, &stored, tid_to_payload(&*heap_tid), insert_ef(meta.degree as usize));
+        let ef = insert_ef(meta.degree as usize);
+        // the neighbour search on the GPU when the worker answers it; only
+        // nodes the pages have now (the copy may be newer than `meta`)
+        let found = worker::insert_neighbours(index, &meta, &stored, ef).map(|mut nodes| {
+            let n = Meta::read(index).node_count;
+            nodes.retain(|&u| u < n);
+            nodes
+        });
+        let id = insert::insert_near(&store, &stored, tid_to_payload(&*heap_tid), ef, found);
         if metric == Metric::InnerProduct && distance::norm(v) > meta.max_norm {
             // above M its edges are off: searches start from it while there
             // is room among the pinned rows (engine::outliers)

@@ -19,9 +19,10 @@
 //! overflowed, the copy is full) answers "stale": the worker makes a new
 //! one, and the scan searches on the CPU meanwhile.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use gpu_graph_engine::metric::Metric;
 use gpu_graph_engine::search::Hit;
 use pgrx::pg_sys;
 
@@ -73,6 +74,47 @@ pub unsafe fn first_round(
         answer
     })
 }
+
+/// The nodes nearest a new row's stored vector (`stored`, graph distance)
+/// from the search worker, nearest first, at most `ef` of them: an insert's
+/// neighbour search (engine::insert::insert_near), the larger part of its
+/// CPU time, done on the GPU's copy. None when the insert is to search on
+/// the CPU: searches not wanted on the worker, a metric whose searches do
+/// not order by graph distance, or no answer (counted either way).
+///
+/// # Safety
+/// `index` must be the open index `meta` was read from.
+pub unsafe fn insert_neighbours(index: pg_sys::Relation, meta: &Meta, stored: &[f32], ef: usize) -> Option<Vec<u32>> {
+    // SAFETY: reads the clock; any backend may.
+    let now = unsafe { pg_sys::GetCurrentTimestamp() };
+    // inner product searches by inner product, not by the graph's L2 over
+    // the stored vectors; L2 and cosine (unit vectors) order alike
+    if !wanted() || meta.metric() == Metric::InnerProduct || now < INSERTS_ON_CPU_UNTIL.load(Ordering::Relaxed) {
+        add(&counters().inserts_cpu, 1);
+        return None;
+    }
+    let timeout = Duration::from_millis(GPU_TIMEOUT.get() as u64);
+    let fill = |r: &mut Request| r.query[..stored.len()].copy_from_slice(stored);
+    // SAFETY: `index` is open (the caller's contract). Not in the scans'
+    // latencies: a wider beam than theirs.
+    let nodes = unsafe {
+        exchange(index, meta, stored.len(), ef, timeout, fill, |reply, _| reply.nodes[..reply.n as usize].to_vec())
+    }
+    .inspect_err(|o| {
+        if *o == Outcome::Timeout {
+            INSERTS_ON_CPU_UNTIL.store(now + INSERT_BACKOFF_US, Ordering::Relaxed);
+        }
+    })
+    .ok();
+    add(if nodes.is_some() { &counters().inserts_worker } else { &counters().inserts_cpu }, 1);
+    nodes
+}
+
+/// After an insert waited gpu_timeout for the worker in vain, this
+/// backend's inserts search on the CPU for a second (a COPY of many rows
+/// behind a stalled worker would otherwise wait that long a row).
+static INSERTS_ON_CPU_UNTIL: AtomicI64 = AtomicI64::new(0);
+const INSERT_BACKOFF_US: i64 = 1_000_000;
 
 /// Whether searches are to ask the worker (gpu_graph.search_device).
 fn wanted() -> bool {

@@ -37,7 +37,7 @@ mod stats;
 use crate::latch::{nap, sleep};
 use pgrx::pg_sys;
 
-pub use client::{batch_first_rounds, batch_segment, first_round, verify_nodes, BatchCall};
+pub use client::{batch_first_rounds, batch_segment, first_round, insert_neighbours, verify_nodes, BatchCall};
 pub use gpu_builds::GpuBuild;
 pub use stats::{index_info, SearchInfo};
 

@@ -28,6 +28,10 @@ pub struct Counters {
     /// worker-served scans that went on to search on the CPU (the executor
     /// wanted more rows than the answer had)
     pub cpu_after_worker: AtomicU64,
+    /// inserts whose neighbour search the worker answered, and those that
+    /// searched on the CPU (not asking it, or no answer)
+    pub inserts_worker: AtomicU64,
+    pub inserts_cpu: AtomicU64,
     /// worker side: requests taken, answers given (any status), answers
     /// with results (their times: `latency`)
     pub taken: AtomicU64,
@@ -72,6 +76,8 @@ impl Counters {
             outcomes: [const { AtomicU64::new(0) }; Outcome::ALL.len()],
             scans_cpu: AtomicU64::new(0),
             cpu_after_worker: AtomicU64::new(0),
+            inserts_worker: AtomicU64::new(0),
+            inserts_cpu: AtomicU64::new(0),
             taken: AtomicU64::new(0),
             answered: AtomicU64::new(0),
             searched: AtomicU64::new(0),
@@ -232,6 +238,8 @@ struct WorkerStats {
     scope: &'static str,
     worker: Worker,
     scans: Scans,
+    /// inserts' neighbour searches: answered by the worker, searched on the CPU
+    inserts: Inserts,
     /// scans that asked the worker and searched on the CPU, by [`Outcome`]
     fallbacks: BTreeMap<&'static str, u64>,
     requests: Requests,
@@ -263,6 +271,12 @@ struct Scans {
     worker: u64,
     cpu: u64,
     cpu_after_worker: u64,
+}
+
+#[derive(Serialize)]
+struct Inserts {
+    worker: u64,
+    cpu: u64,
 }
 
 #[derive(Serialize)]
@@ -337,6 +351,7 @@ fn gpu_graph_worker_stats() -> JsonB {
         scope: if shared().is_some() { "cluster" } else { "backend" },
         worker: Worker { state: worker_state(), ring: shared().map(ring) },
         scans: Scans { worker: scans_worker, cpu: get(&c.scans_cpu), cpu_after_worker: get(&c.cpu_after_worker) },
+        inserts: Inserts { worker: get(&c.inserts_worker), cpu: get(&c.inserts_cpu) },
         fallbacks: Outcome::ALL[1..].iter().map(|&o| (o.name(), get(&c.outcomes[o.index()]))).collect(),
         requests: Requests {
             taken,

@@ -265,6 +265,7 @@ current items_idx items
 before=$(stat scans,worker)
 stale=$(stat fallbacks,stale)
 patched=$(stat residency,patched_pages)
+ins_worker=$(stat inserts,worker); ins_cpu=$(stat inserts,cpu)
 pgbench -n -T 10 -c 6 -j 2 -f "$work/insert.sql@2" -f "$work/items.sql@6" -f "$work/delete.sql@1" postgres \
   >"$work/pgbench2.log" 2>&1 &
 bench=$!
@@ -275,6 +276,11 @@ served=$(($(stat scans,worker) - before))
 stale=$(($(stat fallbacks,stale) - stale))
 echo "  scans served by the worker meanwhile: $served; out of date (searched on the CPU): $stale; pages patched into its copy: $(($(stat residency,patched_pages) - patched)); log overflows: $(stat residency,log_overflows)"
 [ $((served * 100)) -ge $(((served + stale) * 95)) ] || fail "the worker served $served scans, $stale went to the CPU as out of date"
+# each inserted row's neighbour search is the worker's too
+ins_worker=$(($(stat inserts,worker) - ins_worker)); ins_cpu=$(($(stat inserts,cpu) - ins_cpu))
+echo "  inserted rows whose neighbours the worker found: $ins_worker; searched on the CPU: $ins_cpu"
+[ $((ins_worker * 100)) -ge $(((ins_worker + ins_cpu) * 90)) ] ||
+  fail "the worker searched for $ins_worker inserted rows' neighbours, the CPU for $ins_cpu"
 
 # freshness: a row committed before a scan starts is found through the
 # worker at once (no wait for a new copy), 100 times in a row

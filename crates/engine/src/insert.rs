@@ -23,8 +23,24 @@ use crate::store::GraphMut;
 /// into an empty graph agree on one entry through [`GraphMut::set_entry_if`]:
 /// the one that set it is done, every other one links itself from it.
 pub fn insert<G: GraphMut>(store: &G, stored: &[f32], payload: u64, ef_construction: usize) -> u32 {
+    insert_near(store, stored, payload, ef_construction, None)
+}
+
+/// [`insert`] with the neighbour search's answer given: `found`, the nodes
+/// nearest `stored` by graph distance as another search found them (the
+/// search worker's, on the GPU: the search is most of an insert's CPU).
+/// They are read again from the store like the search's own hits; when
+/// none of them is a live node, the search runs here after all.
+pub fn insert_near<G: GraphMut>(
+    store: &G,
+    stored: &[f32],
+    payload: u64,
+    ef_construction: usize,
+    found: Option<Vec<u32>>,
+) -> u32 {
     let degree = store.degree();
     let id = store.allocate(stored, payload);
+    let mut found = found;
     let kept = loop {
         let entry = store.entry();
         if entry.is_none() {
@@ -33,13 +49,23 @@ pub fn insert<G: GraphMut>(store: &G, stored: &[f32], payload: u64, ef_construct
             }
             continue; // another insert became the entry: link to it
         }
-        // L2 over stored vectors is the graph distance, whatever the SQL metric
-        let mut search = Search::new(store, Metric::L2, stored);
-        let hits = search.next_round(store, ef_construction.max(degree));
-        let found = hits.iter().map(|h| h.node).filter(|&n| n != id);
-        let kept = Candidates::collect(store, stored, found).filter(store.filter(), usize::MAX, degree);
+        let given = found.take();
+        let searched = given.is_none();
+        let nodes = given.unwrap_or_else(|| {
+            // L2 over stored vectors is the graph distance, whatever the SQL metric
+            let mut search = Search::new(store, Metric::L2, stored);
+            search.next_round(store, ef_construction.max(degree)).iter().map(|h| h.node).collect()
+        });
+        let kept = Candidates::collect(store, stored, nodes.into_iter().filter(|&n| n != id)).filter(
+            store.filter(),
+            usize::MAX,
+            degree,
+        );
         if !kept.is_empty() {
             break kept;
+        }
+        if !searched {
+            continue; // nothing live among them: search here
         }
         // no other live node is left: start afresh from this one, unless a
         // concurrent insert changed the entry meanwhile (then search again)

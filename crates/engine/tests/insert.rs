@@ -4,7 +4,7 @@
 mod common;
 
 use common::*;
-use gpu_graph_engine::insert::insert;
+use gpu_graph_engine::insert::{insert, insert_near};
 use gpu_graph_engine::memory::MemoryStore;
 use gpu_graph_engine::metric::Metric;
 use gpu_graph_engine::params::BuildParams;
@@ -86,4 +86,30 @@ fn insert_into_empty_store() {
     let r = recall(&store, Metric::L2, &all, &queries, &kth, 40);
     println!("graph grown by inserts alone: recall@10 at ef 40 = {r:.4}");
     assert!(r >= 0.95, "recall@10 = {r}");
+}
+
+/// Inserts given their neighbours by another search (as the search worker
+/// answers them): every row linked as well as by the insert's own search;
+/// an answer with no live node in it (here: nothing, or only a node that
+/// is not there) makes the insert search after all.
+#[test]
+fn insert_near_given_neighbours() {
+    let (all, queries) = sift(BUILT + ADDED);
+    let built = gpu_graph_engine::dataset::Matrix { dim: all.dim, data: all.data[..BUILT * all.dim].to_vec() };
+    let store = build_store(Metric::L2, &built, &BuildParams::default());
+    let ids: Vec<u32> = (BUILT..BUILT + ADDED)
+        .map(|row| {
+            let found = match row % 50 {
+                0 => Vec::new(),
+                1 => vec![u32::MAX - 1],
+                _ => search(&store, Metric::L2, all.row(row), EF_CONSTRUCTION, EF_CONSTRUCTION)
+                    .iter()
+                    .map(|h| h.node)
+                    .collect(),
+            };
+            insert_near(&store, all.row(row), row as u64, EF_CONSTRUCTION, Some(found))
+        })
+        .collect();
+    assert_eq!(ids, (BUILT as u32..(BUILT + ADDED) as u32).collect::<Vec<_>>());
+    check(&store, &all, &queries, &ids);
 }

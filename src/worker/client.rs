@@ -102,7 +102,10 @@ pub unsafe fn insert_neighbours(index: pg_sys::Relation, meta: &Meta, stored: &[
     }
     .inspect_err(|o| {
         if *o == Outcome::Timeout {
-            INSERTS_ON_CPU_UNTIL.store(now + INSERT_BACKOFF_US, Ordering::Relaxed);
+            // SAFETY: as above.
+            let now = unsafe { pg_sys::GetCurrentTimestamp() };
+            let backoff = (timeout.as_micros() as i64 * 10).max(INSERT_BACKOFF_US);
+            INSERTS_ON_CPU_UNTIL.store(now + backoff, Ordering::Relaxed);
         }
     })
     .ok();
@@ -111,8 +114,9 @@ pub unsafe fn insert_neighbours(index: pg_sys::Relation, meta: &Meta, stored: &[
 }
 
 /// After an insert waited gpu_timeout for the worker in vain, this
-/// backend's inserts search on the CPU for a second (a COPY of many rows
-/// behind a stalled worker would otherwise wait that long a row).
+/// backend's inserts search on the CPU for ten times as long, at least a
+/// second (a COPY of many rows behind a stalled worker would otherwise
+/// wait that long a row).
 static INSERTS_ON_CPU_UNTIL: AtomicI64 = AtomicI64::new(0);
 const INSERT_BACKOFF_US: i64 = 1_000_000;
 

@@ -109,8 +109,8 @@ for _ in $(seq 1 300); do
   PGOPTIONS="-c gpu_graph.search_device=gpu" q -c "SELECT 1 FROM items ORDER BY embedding <-> (SELECT v FROM queries WHERE id = 1) LIMIT 1" >/dev/null
 done
 
-fmt="%-7s %-5s %9s %9s %7s %8s %8s %7s %7s %7s %6s %7s %6s %5s %5s %6s %7s %6s %6s\n"
-printf "$fmt" clients mode "queries/s" "writes/s" "p99 ms" "write ms" worker stale fallbk pages "patch%" "read%" "us/pat" slow "wcpu%" "cpu%" vacuums "r_gpu" "r_cpu" |
+fmt="%-7s %-5s %9s %9s %7s %8s %8s %7s %7s %7s %6s %7s %6s %5s %5s %6s %7s %6s %6s %6s\n"
+printf "$fmt" clients mode "queries/s" "writes/s" "p99 ms" "write ms" worker stale fallbk pages "patch%" "read%" "us/pat" slow "wcpu%" "cpu%" vacuums "r_gpu" "r_cpu" "ins_w%" |
   tee "$out/writes.txt"
 problems=()
 for c in ${CLIENTS:-64}; do
@@ -119,6 +119,7 @@ for c in ${CLIENTS:-64}; do
     rm -rf "$w/pgb_$name"; mkdir -p "$w/pgb_$name"; chmod 777 "$w/pgb_$name"
     w0=$(stats scans,worker); s0=$(stats fallbacks,stale); p0=$(stats residency,patched_pages)
     o0=$(stats residency,log_overflows); t0=$(stats residency,patch_ms); pid=$(stats worker,pid)
+    iw0=$(stats inserts,worker); ic0=$(stats inserts,cpu)
     f0=$(fallbacks); n0=$(stats residency,patches); r0=$(stats residency,patch_read_ms); l0=$(stats residency,slow_syncs)
     c0=$(proc_cpu "$pid"); read -r b0 a0 < <(busy)
     writers=(); vacuums=0
@@ -161,9 +162,12 @@ for c in ${CLIENTS:-64}; do
     wcpu=$(awk -v a="$c1" -v b="$c0" -v s="$secs" 'BEGIN {printf "%.0f", 100 * (a - b) / s}')
     cpu=$(awk -v b="$((b1 - b0))" -v a="$((a1 - a0))" 'BEGIN {printf "%.0f", 100 * b / a}')
     rg=-; rc=-
+    # inserted rows whose neighbour search the worker did
+    iw=$(($(stats inserts,worker) - iw0)); ic=$(($(stats inserts,cpu) - ic0))
+    insw=$(awk -v w="$iw" -v c="$ic" 'BEGIN {if (w + c) printf "%.1f", 100 * w / (w + c); else print "-"}')
     if [ "$mode" != 0 ]; then rg=$(recall $w/probe_gpu); rc=$(recall $w/probe_cpu); fi
     printf "$fmt" "$c" "$mode" "$tps" "$wtps" "$p99" "$wlat" "$served" "$stale" "$fb" $(($(stats residency,patched_pages) - p0)) \
-      "$patch" "$read_pct" "$per" "$slow" "$wcpu" "$cpu" "$vacuums" "$rg" "$rc" | tee -a "$out/writes.txt"
+      "$patch" "$read_pct" "$per" "$slow" "$wcpu" "$cpu" "$vacuums" "$rg" "$rc" "$insw" | tee -a "$out/writes.txt"
     [ $(($(stats residency,log_overflows) - o0)) = 0 ] || echo "  $name: the change log overflowed $(($(stats residency,log_overflows) - o0)) times"
     # `max` measures where the index's inserts top out, not a rate the
     # worker is held to

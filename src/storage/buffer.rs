@@ -7,6 +7,7 @@
 use pgrx::pg_sys;
 
 use super::codec::{PageMut, PageRef};
+use crate::worker::PageChange;
 
 /// A pinned buffer with its content lock held; both released on drop.
 pub struct Locked {
@@ -91,8 +92,9 @@ const MAX_PAGES: usize = 4;
 pub struct Xlog {
     state: *mut pg_sys::GenericXLogState,
     rel: pg_sys::Relation,
-    /// the pages registered, for the change log
-    blocks: [u32; MAX_PAGES],
+    /// the pages registered (and the nodes changed on each), for the
+    /// change log
+    pages: [PageChange; MAX_PAGES],
     registered: usize,
 }
 
@@ -101,7 +103,8 @@ impl Xlog {
     /// `rel` must be an open index relation.
     pub unsafe fn start(rel: pg_sys::Relation) -> Xlog {
         // SAFETY: `rel` is an open relation (the caller's contract).
-        Xlog { state: unsafe { pg_sys::GenericXLogStart(rel) }, rel, blocks: [0; MAX_PAGES], registered: 0 }
+        let state = unsafe { pg_sys::GenericXLogStart(rel) };
+        Xlog { state, rel, pages: [PageChange::whole(0); MAX_PAGES], registered: 0 }
     }
 
     /// Registers a buffer locked exclusively by the caller; returns the image
@@ -111,7 +114,7 @@ impl Xlog {
         let flags = if fresh { pg_sys::GENERIC_XLOG_FULL_IMAGE as i32 } else { 0 };
         // GenericXLogRegisterBuffer refuses a fifth page with an ERROR first
         if self.registered < MAX_PAGES {
-            self.blocks[self.registered] = locked.block();
+            self.pages[self.registered] = PageChange::whole(locked.block());
             self.registered += 1;
         }
         // SAFETY: the state is live until finish or drop, which take `self`;
@@ -119,6 +122,14 @@ impl Xlog {
         // the state's own MAXALIGNed copy of the page, which only the view
         // uses until the borrow of `self` ends.
         unsafe { PageMut::new(pg_sys::GenericXLogRegisterBuffer(self.state, locked.buf, flags)) }
+    }
+
+    /// Tells the change log that only `nodes`' lists or rows changed on the
+    /// page registered last (else the whole page is read again).
+    pub fn only(&mut self, nodes: std::ops::Range<u32>) {
+        if let Some(p) = self.pages[..self.registered].last_mut() {
+            (p.lo, p.hi) = (nodes.start, nodes.end);
+        }
     }
 
     /// Applies the changes to the buffers and logs them; then notes the
@@ -129,7 +140,7 @@ impl Xlog {
         // abort); `rel` is open (start's contract).
         unsafe {
             pg_sys::GenericXLogFinish(self.state);
-            crate::worker::note_changes(self.rel, &self.blocks[..self.registered]);
+            crate::worker::note_changes(self.rel, &self.pages[..self.registered]);
         }
         std::mem::forget(self);
     }

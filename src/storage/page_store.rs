@@ -81,6 +81,7 @@ impl PageStore {
             let b = Locked::read(self.rel, self.layout.vector_block(node), true);
             let mut x = Xlog::start(self.rel);
             let old = x.register(&b, false).set_flags(&self.layout, node, f);
+            x.only(node..node + 1);
             x.finish();
             old
         }
@@ -252,6 +253,7 @@ impl GraphMut for PageStore {
             let b = Locked::read(self.rel, self.layout.vector_block(node), true);
             let mut x = Xlog::start(self.rel);
             x.register(&b, false).put_tuple(&self.layout, node, payload, 0, stored);
+            x.only(node..node + 1);
             x.finish();
         }
         node
@@ -271,6 +273,7 @@ impl GraphMut for PageStore {
             list.truncate(self.layout.degree);
             let mut x = Xlog::start(self.rel);
             x.register(&b, false).put_list(&self.layout, node, &list);
+            x.only(node..node + 1);
             x.finish();
         }
     }
@@ -320,6 +323,9 @@ impl GraphMut for PageStore {
                             page.put_list(&self.layout, *v, &new[..new.len().min(self.layout.degree)]);
                         }
                     }
+                    let changed = group.iter().zip(&same).filter(|(_, &s)| s).map(|(c, _)| c.0);
+                    let (lo, hi) = changed.fold((u32::MAX, 0), |(lo, hi), v| (lo.min(v), hi.max(v + 1)));
+                    x.only(lo..hi);
                     x.finish();
                 }
                 written.extend(same);
@@ -409,6 +415,7 @@ impl PageStore {
                 for &n in group {
                     page.set_flags(&self.layout, n, |f| f | FLAG_DELETED);
                 }
+                x.only(group[0]..group[group.len() - 1] + 1);
                 x.finish();
             }
         }
@@ -466,6 +473,7 @@ impl PageStore {
             let h = b.page().tuple(&self.layout, node).header;
             let mut x = Xlog::start(self.rel);
             x.register(&b, false).put_tuple(&self.layout, node, h.payload(), h.flags, stored);
+            x.only(node..node + 1);
             x.finish();
         }
     }
@@ -497,6 +505,7 @@ impl PageStore {
             let mut x = Xlog::start(self.rel);
             x.register(&mb, false).put_meta(&m);
             x.register(&vb, false).put_tuple(&self.layout, node, payload, 0, stored);
+            x.only(node..node + 1);
             x.finish();
             Some(node)
         }

@@ -63,8 +63,13 @@ impl GpuSearch {
         // kernel's launch): they must not take the worker's signals
         crate::threads::with_signals_blocked(|| {
             let gpu = Gpu::open().map_err(|e| e.to_string())?;
-            // fault injection is reachable only through a superuser-only setting
-            let cfg = ServerConfig { allow_fault_injection: true, ..ServerConfig::default() };
+            // fault injection is reachable only through a superuser-only
+            // setting; one slot group (stream): the worker submits from one
+            // thread, and each group's stream waits for every patch of a
+            // copy once (cuStreamWaitEvent): with 8 groups, up to 8 driver
+            // calls a patch on the worker's thread, at thousands of patches
+            // a second under inserts
+            let cfg = ServerConfig { allow_fault_injection: true, groups: 1, ..ServerConfig::default() };
             let server = SearchServer::start(&gpu, cfg).map_err(|e| e.to_string())?;
             Ok(GpuSearch { server, gpu, prepared: Default::default() })
         })

@@ -24,6 +24,7 @@ use gpu_graph_engine::flat::FlatIndex;
 use gpu_graph_engine::NO_NODE;
 use pgrx::pg_sys;
 
+use super::changes::PageChange;
 use super::ring::Request;
 use crate::storage::codec::PageRef;
 use crate::storage::layout::{Element, Layout};
@@ -134,7 +135,7 @@ pub struct Loader {
     pinned: Vec<u32>,
     /// pages changed while the copy was read (the change log): read again
     /// once it is whole
-    pub changed: Vec<u32>,
+    pub changed: Vec<PageChange>,
 }
 
 /// What reading an index's pages takes besides its RelFileNode: the OIDs
@@ -288,7 +289,7 @@ impl Loader {
         while n > 0 && self.next <= end {
             let b = self.next;
             // SAFETY: the caller's contract; blocks up to `last` exist (begin).
-            unsafe { self.read_block(b, |p| copy_block(&mut image, &l, b, p)) };
+            unsafe { self.read_block(b, |p| copy_block(&mut image, &l, PageChange::whole(b), p)) };
             self.next += 1;
         }
         self.image = Some(image);
@@ -440,19 +441,21 @@ impl Target for GpuPatch {
 /// Copies page `p`, block `b` of an index in layout `l`, into `target`: a
 /// graph page's lists, or a vector page's flags and vectors (of the nodes
 /// the target has).
-fn copy_block(target: &mut dyn Target, l: &Layout, b: u32, p: PageRef) {
+fn copy_block(target: &mut dyn Target, l: &Layout, c: PageChange, p: PageRef) {
     let n = target.len();
-    let chunk = (b as usize - 1) / l.pages_per_chunk;
-    let page = (b as usize - 1) % l.pages_per_chunk;
+    let chunk = (c.block as usize - 1) / l.pages_per_chunk;
+    let page = (c.block as usize - 1) % l.pages_per_chunk;
     let first = chunk * l.per_chunk;
     let chunk_end = (first + l.per_chunk).min(n);
+    // the nodes of the page that changed
+    let only = |lo: usize, hi: usize| lo.max(c.lo as usize)..hi.min(c.hi as usize);
     if page == 0 {
-        for node in first..chunk_end {
+        for node in only(first, chunk_end) {
             target.list(node, p.list(l, node as u32));
         }
     } else {
         let lo = first + (page - 1) * l.per_vector_page;
-        for node in lo..(lo + l.per_vector_page).min(chunk_end) {
+        for node in only(lo, (lo + l.per_vector_page).min(chunk_end)) {
             let t = p.tuple(l, node as u32);
             // the page's flags are the engine's node flags, widened
             t.vector.copy_to(target.row(node, t.header.flags as u8));
@@ -473,15 +476,15 @@ fn pin_outliers(e: u32, list: &mut [u32], pinned: &[u32]) {
 }
 
 /// Brings a copy of the index in `key` up to date with the pages that
-/// changed (`blocks`, from the change log): the meta page first (the node
+/// changed (`pages`, from the change log): the meta page first (the node
 /// count grows the copy; the entry point and pinned outliers), then each
-/// page once. The index's generation now, or None when the copy cannot
+/// page once, only the nodes of it that changed. The index's generation now, or None when the copy cannot
 /// follow (the index locked by DDL, gone, or no longer the copy's layout):
 /// it is then refreshed whole when a request needs it.
 ///
 /// # Safety
 /// The worker's main thread, with a resource owner.
-pub unsafe fn patch(key: Key, file: File, target: &mut dyn Target, blocks: &mut Vec<u32>) -> Option<u64> {
+pub unsafe fn patch(key: Key, file: File, target: &mut dyn Target, pages: &mut Vec<PageChange>) -> Option<u64> {
     // SAFETY: the worker's main thread, with a resource owner (the caller's
     // contract): session locks as a load takes them, then the file.
     unsafe {
@@ -493,7 +496,7 @@ pub unsafe fn patch(key: Key, file: File, target: &mut dyn Target, blocks: &mut 
         } else {
             0
         };
-        let out = (nblocks > 0).then(|| patch_blocks(rnode, file.permanent, nblocks, target, blocks)).flatten();
+        let out = (nblocks > 0).then(|| patch_blocks(rnode, file.permanent, nblocks, target, pages)).flatten();
         close_files(rnode);
         drop(locks);
         out
@@ -509,7 +512,7 @@ unsafe fn patch_blocks(
     permanent: bool,
     nblocks: u32,
     target: &mut dyn Target,
-    blocks: &mut Vec<u32>,
+    pages: &mut Vec<PageChange>,
 ) -> Option<u64> {
     let strategy = std::ptr::null_mut();
     // SAFETY: the caller's contract; block 0 exists (nblocks > 0).
@@ -525,11 +528,10 @@ unsafe fn patch_blocks(
         return None;
     }
     target.grow(m.node_count as usize, m.entry());
-    blocks.sort_unstable();
-    blocks.dedup();
-    for &b in blocks.iter().filter(|&&b| b > 0 && b < nblocks) {
+    PageChange::merged(pages);
+    for &c in pages.iter().filter(|c| c.block > 0 && c.block < nblocks) {
         // SAFETY: the caller's contract; the block exists.
-        unsafe { read_block(rnode, permanent, strategy, b, |p| copy_block(target, &l, b, p)) };
+        unsafe { read_block(rnode, permanent, strategy, c.block, |p| copy_block(target, &l, c, p)) };
     }
     let pinned: Vec<u32> = m.pinned().collect();
     target.pin(&pinned);

@@ -6,7 +6,7 @@
 use gpu_graph_gpu::search::Patch;
 use pgrx::pg_sys;
 
-use super::changes::{Change, CAPACITY};
+use super::changes::{Change, PageChange, CAPACITY};
 use super::device::{Device, Handle};
 use super::image::{patch, Begin, File, GpuPatch, Key, Loader};
 use super::outcome::Outcome;
@@ -172,7 +172,7 @@ impl Residency {
         let mut blocks = Vec::new();
         for r in &mut self.residents {
             blocks.clear();
-            blocks.extend(self.changes.iter().filter(|c| c.key == r.key).map(|c| c.block));
+            blocks.extend(self.changes.iter().filter(|c| c.key == r.key).map(|c| c.page));
             if blocks.is_empty() {
                 continue;
             }
@@ -192,7 +192,7 @@ impl Residency {
             }
         }
         if let Some(l) = self.loading.as_mut() {
-            l.changed.extend(self.changes.iter().filter(|c| c.key == l.key).map(|c| c.block));
+            l.changed.extend(self.changes.iter().filter(|c| c.key == l.key).map(|c| c.page));
         }
         if touched {
             self.publish(shared);
@@ -343,7 +343,7 @@ impl Residency {
 unsafe fn follow(
     r: &mut Resident,
     device: &Device,
-    blocks: &mut Vec<u32>,
+    blocks: &mut Vec<PageChange>,
     shared: &Shared,
 ) -> Result<Option<u64>, String> {
     match (&mut r.handle, device) {

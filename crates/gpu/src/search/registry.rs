@@ -296,6 +296,13 @@ impl Registry {
         mgmt.memcpy_htod(rows, &mut vectors.slice_mut(..rows.len())).map_err(|e| up("the vectors", e))?;
         mgmt.memcpy_htod(&ix.graph.adjacency, &mut adjacency.slice_mut(..n * degree))
             .map_err(|e| up("the graph", e))?;
+        // the room to grow into holds empty lists: a patch writes a new
+        // node's row and its list as they change, not always together
+        let empty = (capacity - n) * degree * 4;
+        // SAFETY: the bytes after the first n lists of `adjacency`, which
+        // holds `capacity` of them; ordered on the stream before any use.
+        unsafe { result::memset_d8_async(device_addr(&adjacency) + (n * degree * 4) as u64, 0xFF, empty, mgmt.cu_stream()) }
+            .map_err(|e| up("the graph", e))?;
         mgmt.memcpy_htod(&ix.flags, &mut d_flags.slice_mut(..n)).map_err(|e| up("the flags", e))?;
         let gen = self.next_gen.fetch_add(1, Ordering::Relaxed).max(1);
         let mut flags: Vec<AtomicU8> = ix.flags.iter().map(|&f| AtomicU8::new(f)).collect();

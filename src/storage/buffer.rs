@@ -7,7 +7,8 @@
 use pgrx::pg_sys;
 
 use super::codec::{PageMut, PageRef};
-use crate::worker::PageChange;
+use crate::worker::{ChangedList, PageChange, LIST_IN_LOG};
+use gpu_graph_engine::NO_NODE;
 
 /// A pinned buffer with its content lock held; both released on drop.
 pub struct Locked {
@@ -95,6 +96,8 @@ pub struct Xlog {
     /// the pages registered (and the nodes changed on each), for the
     /// change log
     pages: [PageChange; MAX_PAGES],
+    /// a page's one changed list, when it fits the change log
+    lists: [Option<ChangedList>; MAX_PAGES],
     registered: usize,
 }
 
@@ -104,7 +107,7 @@ impl Xlog {
     pub unsafe fn start(rel: pg_sys::Relation) -> Xlog {
         // SAFETY: `rel` is an open relation (the caller's contract).
         let state = unsafe { pg_sys::GenericXLogStart(rel) };
-        Xlog { state, rel, pages: [PageChange::whole(0); MAX_PAGES], registered: 0 }
+        Xlog { state, rel, pages: [PageChange::whole(0); MAX_PAGES], lists: [None; MAX_PAGES], registered: 0 }
     }
 
     /// Registers a buffer locked exclusively by the caller; returns the image
@@ -115,6 +118,7 @@ impl Xlog {
         // GenericXLogRegisterBuffer refuses a fifth page with an ERROR first
         if self.registered < MAX_PAGES {
             self.pages[self.registered] = PageChange::whole(locked.block());
+            self.lists[self.registered] = None;
             self.registered += 1;
         }
         // SAFETY: the state is live until finish or drop, which take `self`;
@@ -132,6 +136,18 @@ impl Xlog {
         }
     }
 
+    /// [`Xlog::only`] one node, whose new list is `list` (of `degree`
+    /// places): the change log carries it when it fits, and the worker
+    /// need not read the page.
+    pub fn only_list(&mut self, node: u32, list: &[u32], degree: usize) {
+        self.only(node..node + 1);
+        if degree <= LIST_IN_LOG && list.len() <= degree && self.registered > 0 {
+            let mut l = [NO_NODE; LIST_IN_LOG];
+            l[..list.len()].copy_from_slice(list);
+            self.lists[self.registered - 1] = Some(l);
+        }
+    }
+
     /// Applies the changes to the buffers and logs them; then notes the
     /// pages in the search worker's change log while the caller still holds
     /// their locks (so before anyone reads them, and before a commit).
@@ -140,7 +156,7 @@ impl Xlog {
         // abort); `rel` is open (start's contract).
         unsafe {
             pg_sys::GenericXLogFinish(self.state);
-            crate::worker::note_changes(self.rel, &self.pages[..self.registered]);
+            crate::worker::note_changes(self.rel, &self.pages[..self.registered], &self.lists[..self.registered]);
         }
         std::mem::forget(self);
     }

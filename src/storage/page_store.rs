@@ -273,7 +273,7 @@ impl GraphMut for PageStore {
             list.truncate(self.layout.degree);
             let mut x = Xlog::start(self.rel);
             x.register(&b, false).put_list(&self.layout, node, &list);
-            x.only(node..node + 1);
+            x.only_list(node, &list, self.layout.degree);
             x.finish();
         }
     }

@@ -37,6 +37,16 @@ use super::shmem::shared;
 /// requests refresh the copies whole.
 pub const CAPACITY: usize = 1 << 16;
 
+/// The longest list a change carries itself (degree 32, the default):
+/// the worker then copies it from the log instead of reading its page.
+pub const LIST_IN_LOG: usize = 32;
+
+/// Lists the log holds (2.2 MB): the last [`PAYLOADS`] changes' own.
+/// A reader further behind reads their pages, as for other changes.
+const PAYLOADS: usize = 1 << 14;
+
+pub type List = [u32; LIST_IN_LOG];
+
 #[repr(C)]
 pub struct ChangeLog {
     /// entries ever noted (the next one's sequence number)
@@ -45,6 +55,15 @@ pub struct ChangeLog {
     /// committed transaction is below it
     published: AtomicU64,
     entries: [Entry; CAPACITY],
+    /// entry `seq`'s list, when it has one, at `seq % PAYLOADS`
+    payloads: [Payload; PAYLOADS],
+}
+
+#[repr(C)]
+struct Payload {
+    /// as an entry's: 0 while being written, else seq + 1
+    stamp: AtomicU64,
+    list: [AtomicU32; LIST_IN_LOG],
 }
 
 #[repr(C)]
@@ -57,17 +76,21 @@ struct Entry {
     block: AtomicU32,
     lo: AtomicU32,
     hi: AtomicU32,
+    /// 1: the change is node `lo`'s list, in the payloads
+    listed: AtomicU32,
 }
 
 /// A reader fell more than [`CAPACITY`] entries behind.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Overflow;
 
-/// A page changed: the index's file and the page.
+/// A page changed: the index's file and the page; when the change is one
+/// node's list (`page.lo`), that list as written (NO_NODE after its end).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Change {
     pub key: Key,
     pub page: PageChange,
+    pub list: Option<List>,
 }
 
 /// A block that changed, and which of its nodes' lists or rows did:
@@ -119,7 +142,28 @@ impl ChangeLog {
         e.block.store(c.page.block, Ordering::Relaxed);
         e.lo.store(c.page.lo, Ordering::Relaxed);
         e.hi.store(c.page.hi, Ordering::Relaxed);
+        e.listed.store(c.list.is_some() as u32, Ordering::Relaxed);
+        if let Some(list) = c.list {
+            let p = &self.payloads[(seq % PAYLOADS as u64) as usize];
+            p.stamp.store(0, Ordering::Relaxed);
+            fence(Ordering::Release);
+            for (to, &from) in p.list.iter().zip(&list) {
+                to.store(from, Ordering::Relaxed);
+            }
+            p.stamp.store(seq + 1, Ordering::Release);
+        }
         e.stamp.store(seq + 1, Ordering::Release);
+    }
+
+    /// Entry `seq`'s list, if it is still in the payloads.
+    fn list(&self, seq: u64) -> Option<List> {
+        let p = &self.payloads[(seq % PAYLOADS as u64) as usize];
+        if p.stamp.load(Ordering::Acquire) != seq + 1 {
+            return None;
+        }
+        let list: List = std::array::from_fn(|i| p.list[i].load(Ordering::Relaxed));
+        fence(Ordering::Acquire);
+        (p.stamp.load(Ordering::Relaxed) == seq + 1).then_some(list)
     }
 
     /// The next entry's sequence number: where a reader starting now begins.
@@ -173,11 +217,14 @@ impl ChangeLog {
                 lo: e.lo.load(Ordering::Relaxed),
                 hi: e.hi.load(Ordering::Relaxed),
             };
+            let listed = e.listed.load(Ordering::Relaxed) == 1;
             fence(Ordering::Acquire);
             if e.stamp.load(Ordering::Relaxed) != seq + 1 {
                 return Err(Overflow);
             }
-            out.push(Change { key, page });
+            // a list overwritten since: its page is read instead
+            let list = if listed { self.list(seq) } else { None };
+            out.push(Change { key, page, list });
         }
         Ok(head)
     }
@@ -191,14 +238,14 @@ static UNPUBLISHED: AtomicBool = AtomicBool::new(false);
 ///
 /// # Safety
 /// `rel` must be an open relation.
-pub unsafe fn note(rel: pg_sys::Relation, pages: &[PageChange]) {
+pub unsafe fn note(rel: pg_sys::Relation, pages: &[PageChange], lists: &[Option<List>]) {
     let Some(s) = shared() else { return };
     UNPUBLISHED.store(true, Ordering::Relaxed);
     // SAFETY: an open relation's rd_node (the caller's contract).
     let n = unsafe { (*rel).rd_node };
     let key = Key { spc: n.spcNode.to_u32(), db: n.dbNode.to_u32(), rel: n.relNode.to_u32() };
-    for &page in pages {
-        s.changes.note(Change { key, page });
+    for (&page, &list) in pages.iter().zip(lists) {
+        s.changes.note(Change { key, page, list });
     }
 }
 
@@ -235,7 +282,35 @@ mod tests {
     }
 
     fn change(rel: u32, block: u32) -> Change {
-        Change { key: Key { spc: 1, db: 2, rel }, page: PageChange { block, lo: block * 3, hi: block * 3 + 1 } }
+        Change {
+            key: Key { spc: 1, db: 2, rel },
+            page: PageChange { block, lo: block * 3, hi: block * 3 + 1 },
+            list: None,
+        }
+    }
+
+    fn listed(block: u32, first: u32) -> Change {
+        Change { list: Some(std::array::from_fn(|i| first + i as u32)), ..change(5, block) }
+    }
+
+    #[test]
+    fn a_list_comes_with_its_change_until_overwritten() {
+        let l = log();
+        l.note(listed(1, 100));
+        l.note(change(5, 2));
+        let mut out = Vec::new();
+        assert_eq!(l.read(0, &mut out), Ok(2));
+        assert_eq!(out, vec![listed(1, 100), change(5, 2)]);
+        // PAYLOADS more listed changes overwrite the first one's list: that
+        // change comes without it (its page is read), the later ones with
+        for b in 0..PAYLOADS as u32 {
+            l.note(listed(b, b));
+        }
+        out.clear();
+        assert_eq!(l.read(0, &mut out), Ok(2 + PAYLOADS as u64));
+        assert_eq!(out[0], Change { list: None, ..listed(1, 100) });
+        assert_eq!(out[2], listed(0, 0));
+        assert_eq!(out[1 + PAYLOADS], listed(PAYLOADS as u32 - 1, PAYLOADS as u32 - 1));
     }
 
     #[test]

@@ -24,7 +24,7 @@ use gpu_graph_engine::flat::FlatIndex;
 use gpu_graph_engine::NO_NODE;
 use pgrx::pg_sys;
 
-use super::changes::PageChange;
+use super::changes::{Change, List, PageChange, LIST_IN_LOG};
 use super::ring::Request;
 use crate::storage::codec::PageRef;
 use crate::storage::layout::{Element, Layout};
@@ -135,7 +135,7 @@ pub struct Loader {
     pinned: Vec<u32>,
     /// pages changed while the copy was read (the change log): read again
     /// once it is whole
-    pub changed: Vec<PageChange>,
+    pub changed: Changed,
 }
 
 /// What reading an index's pages takes besides its RelFileNode: the OIDs
@@ -251,7 +251,7 @@ impl Loader {
                 last: 0,
                 image: None,
                 pinned: Vec::new(),
-                changed: Vec::new(),
+                changed: Changed::default(),
             };
             let smgr = pg_sys::smgropen(rnode, pg_sys::InvalidBackendId);
             if !pg_sys::smgrexists(smgr, pg_sys::ForkNumber::MAIN_FORKNUM) {
@@ -438,6 +438,35 @@ impl Target for GpuPatch {
     }
 }
 
+/// What changed in an index since its copy last followed the change log:
+/// pages to read again, and lists the log carries (node `lo`'s).
+#[derive(Default)]
+pub struct Changed {
+    pub pages: Vec<PageChange>,
+    pub lists: Vec<(PageChange, List)>,
+}
+
+impl Changed {
+    pub fn clear(&mut self) {
+        self.pages.clear();
+        self.lists.clear();
+    }
+    pub fn is_empty(&self) -> bool {
+        self.pages.is_empty() && self.lists.is_empty()
+    }
+    /// Takes `c`: its list when it carries one, else its page.
+    pub fn add(&mut self, c: &Change) {
+        match c.list {
+            Some(list) => self.lists.push((c.page, list)),
+            None => self.pages.push(c.page),
+        }
+    }
+    /// Pages and lists to copy.
+    pub fn len(&self) -> usize {
+        self.pages.len() + self.lists.len()
+    }
+}
+
 /// Copies page `p`, block `b` of an index in layout `l`, into `target`: a
 /// graph page's lists, or a vector page's flags and vectors (of the nodes
 /// the target has).
@@ -475,16 +504,18 @@ fn pin_outliers(e: u32, list: &mut [u32], pinned: &[u32]) {
     list[at..at + missing.len()].copy_from_slice(&missing);
 }
 
-/// Brings a copy of the index in `key` up to date with the pages that
-/// changed (`pages`, from the change log): the meta page first (the node
-/// count grows the copy; the entry point and pinned outliers), then each
-/// page once, only the nodes of it that changed. The index's generation now, or None when the copy cannot
+/// Brings a copy of the index in `key` up to date with what changed, from
+/// the change log: the meta page first (the node count grows the copy; the
+/// entry point and pinned outliers), then the lists the log carries
+/// (`changes.lists`, in the order written), then each of `changes.pages`
+/// once, only the nodes of it that changed (read after every change noted
+/// in the log so far: the latest content wins). The index's generation now, or None when the copy cannot
 /// follow (the index locked by DDL, gone, or no longer the copy's layout):
 /// it is then refreshed whole when a request needs it.
 ///
 /// # Safety
 /// The worker's main thread, with a resource owner.
-pub unsafe fn patch(key: Key, file: File, target: &mut dyn Target, pages: &mut Vec<PageChange>) -> Option<u64> {
+pub unsafe fn patch(key: Key, file: File, target: &mut dyn Target, changes: &mut Changed) -> Option<u64> {
     // SAFETY: the worker's main thread, with a resource owner (the caller's
     // contract): session locks as a load takes them, then the file.
     unsafe {
@@ -496,7 +527,7 @@ pub unsafe fn patch(key: Key, file: File, target: &mut dyn Target, pages: &mut V
         } else {
             0
         };
-        let out = (nblocks > 0).then(|| patch_blocks(rnode, file.permanent, nblocks, target, pages)).flatten();
+        let out = (nblocks > 0).then(|| patch_blocks(rnode, file.permanent, nblocks, target, changes)).flatten();
         close_files(rnode);
         drop(locks);
         out
@@ -512,7 +543,7 @@ unsafe fn patch_blocks(
     permanent: bool,
     nblocks: u32,
     target: &mut dyn Target,
-    pages: &mut Vec<PageChange>,
+    changes: &mut Changed,
 ) -> Option<u64> {
     let strategy = std::ptr::null_mut();
     // SAFETY: the caller's contract; block 0 exists (nblocks > 0).
@@ -528,8 +559,16 @@ unsafe fn patch_blocks(
         return None;
     }
     target.grow(m.node_count as usize, m.entry());
-    PageChange::merged(pages);
-    for &c in pages.iter().filter(|c| c.block > 0 && c.block < nblocks) {
+    let (n, degree) = (target.len(), l.degree);
+    if degree > LIST_IN_LOG {
+        // (never carried for such an index: read their pages)
+        changes.pages.extend(changes.lists.drain(..).map(|(c, _)| c));
+    }
+    for (c, list) in changes.lists.iter().filter(|(c, _)| (c.lo as usize) < n) {
+        target.list(c.lo as usize, &list[..degree]);
+    }
+    PageChange::merged(&mut changes.pages);
+    for &c in changes.pages.iter().filter(|c| c.block > 0 && c.block < nblocks) {
         // SAFETY: the caller's contract; the block exists.
         unsafe { read_block(rnode, permanent, strategy, c.block, |p| copy_block(target, &l, c, p)) };
     }

@@ -37,7 +37,7 @@ mod stats;
 use crate::latch::{nap, sleep};
 use pgrx::pg_sys;
 
-pub use changes::PageChange;
+pub use changes::{List as ChangedList, PageChange, LIST_IN_LOG};
 pub use client::{batch_first_rounds, batch_segment, first_round, insert_neighbours, verify_nodes, BatchCall};
 pub use gpu_builds::GpuBuild;
 pub use stats::{index_info, SearchInfo};
@@ -47,9 +47,9 @@ pub use stats::{index_info, SearchInfo};
 ///
 /// # Safety
 /// `rel` must be an open relation.
-pub unsafe fn note_changes(rel: pg_sys::Relation, pages: &[PageChange]) {
+pub unsafe fn note_changes(rel: pg_sys::Relation, pages: &[PageChange], lists: &[Option<ChangedList>]) {
     // SAFETY: the caller's contract.
-    unsafe { changes::note(rel, pages) }
+    unsafe { changes::note(rel, pages, lists) }
 }
 
 /// A scan the worker answered first goes on searching on the CPU.

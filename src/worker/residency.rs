@@ -6,9 +6,9 @@
 use gpu_graph_gpu::search::Patch;
 use pgrx::pg_sys;
 
-use super::changes::{Change, PageChange, CAPACITY};
+use super::changes::{Change, CAPACITY};
 use super::device::{Device, Handle};
-use super::image::{patch, Begin, File, GpuPatch, Key, Loader};
+use super::image::{patch, Begin, Changed, File, GpuPatch, Key, Loader};
 use super::outcome::Outcome;
 use super::ring::Request;
 use super::shmem::Shared;
@@ -169,10 +169,10 @@ impl Residency {
             return Ok(());
         }
         let mut touched = false;
-        let mut blocks = Vec::new();
+        let mut blocks = Changed::default();
         for r in &mut self.residents {
             blocks.clear();
-            blocks.extend(self.changes.iter().filter(|c| c.key == r.key).map(|c| c.page));
+            self.changes.iter().filter(|c| c.key == r.key).for_each(|c| blocks.add(c));
             if blocks.is_empty() {
                 continue;
             }
@@ -192,7 +192,7 @@ impl Residency {
             }
         }
         if let Some(l) = self.loading.as_mut() {
-            l.changed.extend(self.changes.iter().filter(|c| c.key == l.key).map(|c| c.page));
+            self.changes.iter().filter(|c| c.key == l.key).for_each(|c| l.changed.add(c));
         }
         if touched {
             self.publish(shared);
@@ -334,16 +334,17 @@ impl Residency {
 
 /// Re-reads the changed `blocks` of `r`'s index into its copy: in place in
 /// memory, or as a patch of the GPU's copy. The index's generation now, or
-/// None when the copy cannot follow (see `image::patch`; a GPU copy that is
-/// full or no longer exact in fp16): it is then refreshed whole when a
-/// request needs it. Err when the device failed for good.
+/// None when the copy cannot follow (see `image::patch`; a GPU copy that
+/// is full with no device memory to grow into, or no longer exact in
+/// fp16): it is then refreshed whole when a request needs it. Err when the
+/// device failed for good.
 ///
 /// # Safety
 /// The worker's main thread, with a resource owner.
 unsafe fn follow(
     r: &mut Resident,
     device: &Device,
-    blocks: &mut Vec<PageChange>,
+    blocks: &mut Changed,
     shared: &Shared,
 ) -> Result<Option<u64>, String> {
     match (&mut r.handle, device) {
@@ -367,6 +368,7 @@ unsafe fn follow(
             match gpu.patch(g, &t.patch) {
                 Ok(true) => {
                     r.nodes = t.patch.n as u32;
+                    r.bytes = gpu.bytes(g).unwrap_or(r.bytes);
                     Ok(Some(generation))
                 }
                 Ok(false) => Ok(None),

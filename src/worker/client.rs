@@ -16,8 +16,9 @@
 //! before the write can commit, and the worker patches the noted pages into
 //! its copies before answering, so a row committed before the scan started
 //! is in the copy that answers. A copy that cannot follow (the log
-//! overflowed, the copy is full) answers "stale": the worker makes a new
-//! one, and the scan searches on the CPU meanwhile.
+//! overflowed, the copy is full and the device has no room to grow it)
+//! answers "stale": the worker makes a new one, and the scan searches on
+//! the CPU meanwhile.
 
 use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};

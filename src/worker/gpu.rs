@@ -104,8 +104,14 @@ impl GpuSearch {
         self.server.resident_info(r.id).map(|i| (i.stored_dim, i.degree, i.n))
     }
 
+    /// Device bytes of a resident copy (it grows when inserts fill its room).
+    pub fn bytes(&self, r: &GpuResident) -> Option<usize> {
+        self.server.resident_info(r.id).map(|i| i.bytes)
+    }
+
     /// Brings a copy up to date in place; false when it must be loaded
-    /// again (full, or no longer exact in fp16), Err when the patch failed.
+    /// again (full with no room on the device to grow, or no longer exact
+    /// in fp16), Err when the patch failed.
     pub fn patch(&self, r: &GpuResident, p: &Patch) -> Result<bool, Outcome> {
         self.server.patch(r.id, p).map_err(outcome)
     }

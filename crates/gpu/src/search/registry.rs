@@ -301,8 +301,10 @@ impl Registry {
         let empty = (capacity - n) * degree * 4;
         // SAFETY: the bytes after the first n lists of `adjacency`, which
         // holds `capacity` of them; ordered on the stream before any use.
-        unsafe { result::memset_d8_async(device_addr(&adjacency) + (n * degree * 4) as u64, 0xFF, empty, mgmt.cu_stream()) }
-            .map_err(|e| up("the graph", e))?;
+        unsafe {
+            result::memset_d8_async(device_addr(&adjacency) + (n * degree * 4) as u64, 0xFF, empty, mgmt.cu_stream())
+        }
+        .map_err(|e| up("the graph", e))?;
         mgmt.memcpy_htod(&ix.flags, &mut d_flags.slice_mut(..n)).map_err(|e| up("the flags", e))?;
         let gen = self.next_gen.fetch_add(1, Ordering::Relaxed).max(1);
         let mut flags: Vec<AtomicU8> = ix.flags.iter().map(|&f| AtomicU8::new(f)).collect();
@@ -396,19 +398,26 @@ impl Registry {
     }
 
     /// Applies `p` to a resident index in place, while queries run on it:
-    /// rows (vectors, then their flags) first, then lists, then the node
-    /// count and entry point, so a query that reads a new list finds its
-    /// nodes' rows there (and one that started before ignores ids beyond
-    /// the count it read). Ok(false) when the index must be loaded again
-    /// instead: more nodes than its room, or a vector its fp16 rows cannot
-    /// hold exactly.
+    /// rows, flags, lists and the node count in one batch of copies (one
+    /// driver call: three, to order them, were a tenth of the worker's
+    /// thread at thousands of patches a second), landing in any order. A
+    /// query that runs meanwhile reads whole ids (4-byte stores), of nodes
+    /// within the room, and ignores ids beyond the count it read; one that
+    /// reaches a new node before its row lands ranks it by the row there
+    /// before (zeros, or the freed node's), as it may reach a reused node:
+    /// every answer is read again from the index's pages by the backend.
+    /// Ok(false) when the index must be loaded again instead: more nodes
+    /// than its room, or a vector its fp16 rows cannot hold exactly.
     pub fn patch(&self, id: ResidentId, p: &Patch) -> Result<bool, SearchError> {
-        let res = self.resident(id)?;
+        let mut res = self.resident(id)?;
         if p.n < res.n() || p.entry as usize >= p.n {
             return Err(SearchError::Invalid(format!("a patch to {} nodes, entry {}, of {}", p.n, p.entry, res.n())));
         }
         if p.n > res.capacity {
-            return Ok(false);
+            if !self.grow(&res, p.n)? {
+                return Ok(false);
+            }
+            res = self.resident(id)?;
         }
         let dim = res.dim;
         let fits = |r: &(u32, Vec<u8>, Vec<f32>)| r.0 as usize + r.1.len() <= p.n && r.2.len() == r.1.len() * dim;
@@ -433,7 +442,7 @@ impl Registry {
         // the last patch's copies have left the staging buffer (long since,
         // as a rule)
         self.patched.synchronize().map_err(|e| SearchError::from(cuda("patching an index", e)))?;
-        // in this order: rows, flags, lists, the table entry (see above)
+        // rows, flags, lists, the table entry: one batch (see above)
         let mut up = Upload::new(&mgmt, &staging);
         let rb = res.fmt.row_bytes();
         for ((first, flags, _), rows) in p.rows.iter().zip(&rows) {
@@ -441,8 +450,6 @@ impl Registry {
             up.put(at, rows.len(), |o| o.copy_from_slice(rows))?;
             up.put(device_addr(&res.d_flags) + *first as u64, flags.len(), |o| o.copy_from_slice(flags))?;
         }
-        // the rows land before the lists that lead to them
-        up.issue()?;
         for (first, lists) in &p.lists {
             let at = device_addr(&res.adjacency) + (*first as usize * res.degree * 4) as u64;
             up.put(at, lists.len() * 4, |o| {
@@ -452,8 +459,6 @@ impl Registry {
             })?;
         }
         if grown {
-            // and the lists before the count that admits their new nodes
-            up.issue()?;
             let desc = IndexDesc { n: p.n as u32, entry: p.entry, ..res.desc() };
             let at = self.table_addr() + (res.table as usize * size_of::<IndexDesc>()) as u64;
             // SAFETY: IndexDesc is plain old data of this size.
@@ -475,6 +480,64 @@ impl Registry {
         }
         res.n.store(p.n, Ordering::Release);
         res.entry.store(p.entry, Ordering::Release);
+        Ok(true)
+    }
+
+    /// Moves a resident index whose room is used up (`n` nodes wanted)
+    /// into larger arrays beside the old ones, copied on the device (a
+    /// millisecond for a million rows, where loading it again from the
+    /// pages took most of a second with its scans on the CPU), and swaps
+    /// them into its table entry; queries in flight keep the old arrays,
+    /// which go with the last of them. False when the device has no room
+    /// for both at once.
+    fn grow(&self, old: &Arc<Resident>, n: usize) -> Result<bool, SearchError> {
+        let mgmt = self.mgmt.lock();
+        let fail = |e| SearchError::from(cuda("growing a resident index", e));
+        let (capacity, rb, degree) = (capacity_for(n), old.fmt.row_bytes(), old.degree);
+        let bytes = capacity * (rb + degree * 4 + 1);
+        let (free, _) = mgmt.context().mem_get_info().map_err(fail)?;
+        if bytes + (256 << 20) > free {
+            return Ok(false);
+        }
+        let vectors = zeroed::<u8>(&mgmt, capacity * rb, "the vectors")?;
+        let adjacency = zeroed::<u32>(&mgmt, capacity * degree, "the graph")?;
+        let d_flags = zeroed::<u8>(&mgmt, capacity, "the flags")?;
+        let was = old.capacity;
+        // SAFETY: each copy within both arrays (the old holds `was` rows,
+        // lists, flags; the new `capacity` > `was`), the rest of the new
+        // lists emptied, all on the management stream, waited for below.
+        unsafe {
+            let s = mgmt.cu_stream();
+            result::memcpy_dtod_async(device_addr(&vectors), device_addr(&old.vectors), was * rb, s).map_err(fail)?;
+            result::memcpy_dtod_async(device_addr(&adjacency), device_addr(&old.adjacency), was * degree * 4, s)
+                .map_err(fail)?;
+            result::memcpy_dtod_async(device_addr(&d_flags), device_addr(&old.d_flags), was, s).map_err(fail)?;
+            let rest = device_addr(&adjacency) + (was * degree * 4) as u64;
+            result::memset_d8_async(rest, 0xFF, (capacity - was) * degree * 4, s).map_err(fail)?;
+        }
+        let mut flags: Vec<AtomicU8> = old.flags.iter().map(|f| AtomicU8::new(f.load(Ordering::Relaxed))).collect();
+        flags.resize_with(capacity, || AtomicU8::new(node::FREE));
+        let new = Resident {
+            table: old.table,
+            gen: old.gen,
+            n: AtomicUsize::new(old.n()),
+            capacity,
+            entry: AtomicU32::new(old.entry.load(Ordering::Acquire)),
+            dim: old.dim,
+            degree,
+            ip: old.ip,
+            fmt: old.fmt,
+            bytes,
+            flags,
+            vectors,
+            adjacency,
+            d_flags,
+            metric: old.metric,
+        };
+        // the copies first, then the entry (write_desc waits for both)
+        let table = new.table as usize;
+        self.write_desc(&mgmt, table, &new.desc())?;
+        self.entries.write()[table] = Entry::Ready(Arc::new(new));
         Ok(true)
     }
 

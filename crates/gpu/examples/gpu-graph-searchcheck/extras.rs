@@ -4,10 +4,13 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use gpu_graph_engine::flat::FlatIndex;
+use gpu_graph_engine::graph::Graph;
 use gpu_graph_engine::metric::Metric;
 use gpu_graph_engine::node;
 use gpu_graph_engine::recall::mean_recall;
-use gpu_graph_gpu::search::{ResidentId, SearchError, SearchServer};
+use gpu_graph_engine::NO_NODE;
+use gpu_graph_gpu::search::{Patch, ResidentId, SearchError, SearchServer};
 
 use crate::common::{cpu_recall, Data, Verdict, K};
 use crate::{check_answer, Indexes, WAIT};
@@ -24,8 +27,70 @@ pub fn run(
     inner_product(server, ip_id, ix, data, ef, v);
     two_at_once(server, (id, ip_id), ix, v);
     deletes(server, id, ix, data, v);
+    grows(server, ix, data, ef, v);
     busy_and_abandoned(server, id, ix, v);
     unload_and_bad_arguments(server, (id, ip_id), ix, v);
+}
+
+/// Rows patched in past a copy's room (the worker's copy under inserts):
+/// the copy grows on the device, keeps its id, and answers right, as well
+/// as the CPU does on the whole graph. A copy of the first 80% of the rows
+/// (their lists without the later nodes) takes the rest and every list in
+/// one patch, far past its room.
+fn grows(server: &SearchServer, ix: &Indexes, data: &Data, ef: usize, v: &mut Verdict) {
+    let full = &ix.l2;
+    let (n, sd, d) = (full.len(), full.stored_dim, full.graph.degree);
+    let first = n * 4 / 5;
+    let entry = full.graph.entry.filter(|&e| (e as usize) < first).unwrap_or(0);
+    let lists = full.graph.adjacency[..first * d].iter().map(|&u| if (u as usize) < first { u } else { NO_NODE });
+    let graph = Graph { degree: d, adjacency: lists.collect(), entry: Some(entry) };
+    let prefix = FlatIndex::new(Metric::L2, sd, full.vectors[..first * sd].to_vec(), graph);
+    let id = match server.load(&prefix) {
+        Ok(id) => id,
+        Err(e) => {
+            v.check(false, format!("growing: loading {first} rows: {e}"));
+            return;
+        }
+    };
+    let before = server.resident_info(id).map(|i| i.bytes).unwrap_or(0);
+    let patch = Patch {
+        n,
+        entry: full.graph.entry.unwrap_or(0),
+        rows: vec![(first as u32, vec![node::LIVE; n - first], full.vectors[first * sd..].to_vec())],
+        lists: vec![(0, full.graph.adjacency.clone())],
+    };
+    let t = Instant::now();
+    let grew = server.patch(id, &patch);
+    let ms = t.elapsed().as_secs_f64() * 1e3;
+    let after = server.resident_info(id);
+    let (cr, _) = cpu_recall(full, Metric::L2, &data.queries, &data.truth, ef);
+    let (mut found, mut bad) = (Vec::new(), None);
+    for (qi, q) in ix.l2_queries.iter().enumerate() {
+        match server.submit(id, q, K, ef).and_then(|mut t| server.wait(&mut t, WAIT)) {
+            Ok(a) => {
+                if let Some(e) = check_answer(&a.hits, full, K, q, None) {
+                    bad.get_or_insert(format!("query {qi}: {e}"));
+                }
+                found.push(a.hits.iter().map(|x| Metric::L2.to_sql(x.0)).collect::<Vec<_>>());
+            }
+            Err(e) => {
+                bad.get_or_insert(format!("query {qi}: {e}"));
+                found.push(Vec::new());
+            }
+        }
+    }
+    let r = mean_recall(&found, &data.truth, K);
+    let _ = server.unload(id);
+    v.check(
+        matches!(grew, Ok(true)) && after.as_ref().is_some_and(|i| i.n == n && i.bytes > before) && bad.is_none() && r >= cr - 0.01,
+        format!(
+            "growing: {first} rows loaded ({} MiB), {} patched in ({grew:?}, {ms:.1} ms, {} MiB now): recall@10 {r:.4} at ef {ef} (cpu {cr:.4}){}",
+            before >> 20,
+            n - first,
+            after.map_or(0, |i| i.bytes >> 20),
+            bad.map(|b| format!("; {b}")).unwrap_or_default()
+        ),
+    );
 }
 
 /// The inner-product index against the CPU on the same graph.

@@ -78,9 +78,16 @@ for dev in gpu cpu; do
     --metric l2 --ef 10,20,40,80 --skip-build --set gpu_graph.search_device=$dev --csv "$out/search_$dev.csv" \
     2>&1 | tee "$out/search_$dev.log" | sed -n '/ef_search/,$p'
 done
-paste -d, "$out/search_gpu.csv" "$out/search_cpu.csv" | awk -F, 'NR > 1 {
-  d = $10 - $25; printf "ef %s: worker %.4f cpu %.4f\n", $9, $10, $25; if (d < -0.01) bad = 1 } END { exit bad }' ||
-  fail "recall through the worker is more than 0.01 below the CPU scan's"
+# the columns by their names (the bench's CSV has grown columns before)
+python3 - "$out/search_gpu.csv" "$out/search_cpu.csv" <<'PY' || fail "recall through the worker is more than 0.01 below the CPU scan's"
+import csv, sys
+gpu, cpu = ([(r['ef_search'], float(r['recall'])) for r in csv.DictReader(open(f))] for f in sys.argv[1:])
+bad = False
+for (ef, g), (_, c) in zip(gpu, cpu):
+    print(f"ef {ef}: worker {g:.4f} cpu {c:.4f}")
+    bad |= g < c - 0.01
+sys.exit(1 if bad or len(gpu) != len(cpu) or not gpu else 0)
+PY
 echo "worker stats: $(q -c "SELECT gpu_graph_worker_stats()->'scans'") $(q -c "SELECT gpu_graph_worker_stats()->'fallbacks'")"
 
 for c in 1 16 64; do

@@ -270,15 +270,14 @@ impl Worker {
                 self.segment = None;
             }
             let took = self.take_requests()?;
-            if !took && self.residency.idle_sync_due(self.shared) {
+            if !took {
                 // idle: the copies take every page written so far, even of
                 // inserts in progress, so that the request that needs them
                 // finds little left to patch (patching only what is
                 // published when idle kept 64-77% of the read-only
                 // queries/s at 1,000 inserts/s against 89-92%, in two H100
                 // runs, docs/benchmarks.md), and a quiet spell of writes
-                // does not overflow the log; what came in the last 200 us
-                // waits for more (see IDLE_GATHER)
+                // does not overflow the log
                 // SAFETY: the worker's main thread, with a resource owner.
                 unsafe { self.residency.sync(&self.device, self.shared)? };
             }
@@ -301,14 +300,8 @@ impl Worker {
             }
             self.device.check()?;
             // a quiet spell: the last batch's segment is let go (its backend
-            // has sent all it had, or will map it again), and the changes
-            // gathered so far are patched in before the worker sleeps
+            // has sent all it had, or will map it again)
             self.segment = None;
-            if self.residency.unread(self.shared) > 0 {
-                // SAFETY: as above.
-                unsafe { self.residency.sync(&self.device, self.shared)? };
-                continue;
-            }
             // until a request, the next delayed answer, or a second
             let now = Instant::now();
             let next = self.inflight.iter().map(|f| f.due.saturating_duration_since(now)).min();

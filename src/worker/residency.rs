@@ -47,16 +47,7 @@ pub struct Residency {
     /// the change log read up to here (None: not yet started)
     applied: Option<u64>,
     changes: Vec<Change>,
-    /// when the log was last read
-    synced: Option<std::time::Instant>,
 }
-
-/// How long an idle worker lets changes gather before it patches them in
-/// (a request that needs them patches at once). An insert writes its pages
-/// over a millisecond or two; patching whenever the worker had no new
-/// request (every few microseconds under load) made 2.4 patches an insert
-/// at 16 searching clients and 5,000 inserts/s, each ~27 us of fixed cost.
-const IDLE_GATHER: std::time::Duration = std::time::Duration::from_micros(200);
 
 impl Residency {
     /// The copy of `key` for a request that read the meta page's
@@ -127,19 +118,6 @@ impl Residency {
         }
     }
 
-    /// Whether an idle worker is to [`Residency::sync`] now: the log has
-    /// changes it has not read, gathered for [`IDLE_GATHER`] (or a quarter
-    /// of its room: writes alone must not overflow it).
-    pub fn idle_sync_due(&self, shared: &Shared) -> bool {
-        let unread = self.unread(shared);
-        unread > 0 && (self.synced.is_none_or(|t| t.elapsed() >= IDLE_GATHER) || unread > CAPACITY as u64 / 4)
-    }
-
-    /// Changes noted in the log that the copies have not read.
-    pub fn unread(&self, shared: &Shared) -> u64 {
-        self.applied.map_or(0, |a| shared.changes.head().saturating_sub(a))
-    }
-
     /// Brings the copies up to date with the change log: called after a
     /// batch of requests is taken and before any is answered, so each
     /// answer holds every change committed before its request (and when
@@ -152,7 +130,6 @@ impl Residency {
     /// The worker's main thread, with a resource owner.
     pub unsafe fn sync(&mut self, device: &Device, shared: &Shared) -> Result<(), String> {
         let t = std::time::Instant::now();
-        self.synced = Some(t);
         // SAFETY: the caller's contract.
         let r = unsafe { self.follow_log(device, shared) };
         if t.elapsed() > std::time::Duration::from_millis(10) {

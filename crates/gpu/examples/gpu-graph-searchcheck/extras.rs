@@ -64,22 +64,7 @@ fn grows(server: &SearchServer, ix: &Indexes, data: &Data, ef: usize, v: &mut Ve
     let ms = t.elapsed().as_secs_f64() * 1e3;
     let after = server.resident_info(id);
     let (cr, _) = cpu_recall(full, Metric::L2, &data.queries, &data.truth, ef);
-    let (mut found, mut bad) = (Vec::new(), None);
-    for (qi, q) in ix.l2_queries.iter().enumerate() {
-        match server.submit(id, q, K, ef).and_then(|mut t| server.wait(&mut t, WAIT)) {
-            Ok(a) => {
-                if let Some(e) = check_answer(&a.hits, full, K, q, None) {
-                    bad.get_or_insert(format!("query {qi}: {e}"));
-                }
-                found.push(a.hits.iter().map(|x| Metric::L2.to_sql(x.0)).collect::<Vec<_>>());
-            }
-            Err(e) => {
-                bad.get_or_insert(format!("query {qi}: {e}"));
-                found.push(Vec::new());
-            }
-        }
-    }
-    let r = mean_recall(&found, &data.truth, K);
+    let (r, bad) = answers(server, id, full, &ix.l2_queries, &data.truth, ef);
     let _ = server.unload(id);
     v.check(
         matches!(grew, Ok(true)) && after.as_ref().is_some_and(|i| i.n == n && i.bytes > before) && bad.is_none() && r >= cr - 0.01,
@@ -93,17 +78,24 @@ fn grows(server: &SearchServer, ix: &Indexes, data: &Data, ef: usize, v: &mut Ve
     );
 }
 
-/// The inner-product index against the CPU on the same graph.
-fn inner_product(server: &SearchServer, ip_id: ResidentId, ix: &Indexes, data: &Data, ef: usize, v: &mut Verdict) {
-    let (cr, _) = cpu_recall(&ix.ip, Metric::InnerProduct, &data.queries, &ix.ip_truth, ef);
+/// Every query once on resident `id` (a copy of `index`), each answer
+/// checked against `index`: recall@10 against `truth`, the first bad answer.
+fn answers(
+    server: &SearchServer,
+    id: ResidentId,
+    index: &FlatIndex,
+    queries: &[Vec<f32>],
+    truth: &[Vec<(u32, f64)>],
+    ef: usize,
+) -> (f64, Option<String>) {
     let (mut found, mut bad) = (Vec::new(), None);
-    for (qi, q) in ix.ip_queries.iter().enumerate() {
-        match server.submit(ip_id, q, K, ef).and_then(|mut t| server.wait(&mut t, WAIT)) {
+    for (qi, q) in queries.iter().enumerate() {
+        match server.submit(id, q, K, ef).and_then(|mut t| server.wait(&mut t, WAIT)) {
             Ok(a) => {
-                if let Some(e) = check_answer(&a.hits, &ix.ip, K, q, None) {
+                if let Some(e) = check_answer(&a.hits, index, K, q, None) {
                     bad.get_or_insert(format!("query {qi}: {e}"));
                 }
-                found.push(a.hits.iter().map(|x| Metric::InnerProduct.to_sql(x.0)).collect::<Vec<_>>());
+                found.push(a.hits.iter().map(|x| index.metric.to_sql(x.0)).collect::<Vec<_>>());
             }
             Err(e) => {
                 bad.get_or_insert(format!("query {qi}: {e}"));
@@ -111,7 +103,13 @@ fn inner_product(server: &SearchServer, ip_id: ResidentId, ix: &Indexes, data: &
             }
         }
     }
-    let r = mean_recall(&found, &ix.ip_truth, K);
+    (mean_recall(&found, truth, K), bad)
+}
+
+/// The inner-product index against the CPU on the same graph.
+fn inner_product(server: &SearchServer, ip_id: ResidentId, ix: &Indexes, data: &Data, ef: usize, v: &mut Verdict) {
+    let (cr, _) = cpu_recall(&ix.ip, Metric::InnerProduct, &data.queries, &ix.ip_truth, ef);
+    let (r, bad) = answers(server, ip_id, &ix.ip, &ix.ip_queries, &ix.ip_truth, ef);
     let half = server.resident_info(ip_id).is_some_and(|i| i.half);
     v.check(
         bad.is_none() && r >= cr - 0.01,

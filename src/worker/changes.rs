@@ -6,6 +6,12 @@
 //! the noted pages of the indexes it holds into their copies, so a copy
 //! answers with every change committed before the request was submitted.
 //!
+//! An entry names the nodes of its page that changed (an insert changes
+//! one list on each of several graph pages of 63 lists; the worker
+//! re-reads those alone), and a change of one list carries the list itself
+//! (degree up to 32), so the worker copies it without reading the page,
+//! whose buffer lock the writers hold most of the time under inserts.
+//!
 //! A ring, not a queue: writers never wait for the worker. A reader that
 //! falls more than [`CAPACITY`] entries behind has lost changes: it refreshes
 //! its copies whole ([`Overflow`]), never answers from one that missed a
@@ -32,7 +38,7 @@ use pgrx::pg_sys;
 use super::image::Key;
 use super::shmem::shared;
 
-/// Entries the ring holds: 24 bytes each, 1.5 MB of shared memory. Larger
+/// Entries the ring holds: 40 bytes each, 2.6 MB of shared memory. Larger
 /// bursts (a VACUUM rewriting many lists, a bulk insert) between two
 /// requests refresh the copies whole.
 pub const CAPACITY: usize = 1 << 16;
@@ -110,7 +116,7 @@ impl PageChange {
         PageChange { block, lo: 0, hi: u32::MAX }
     }
 
-    /// The changes of `pages` one a block, their nodes merged (the range
+    /// The changes of `pages` one per block, their nodes merged (the range
     /// that covers them), in block order.
     pub fn merged(pages: &mut Vec<PageChange>) {
         pages.sort_unstable_by_key(|p| p.block);

@@ -136,6 +136,8 @@ pub struct Loader {
     /// pages changed while the copy was read (the change log): read again
     /// once it is whole
     pub changed: Changed,
+    /// each block's LSN as read (see [`resync`])
+    pub lsns: Vec<u64>,
 }
 
 /// What reading an index's pages takes besides its RelFileNode: the OIDs
@@ -196,7 +198,7 @@ impl Loader {
             return Begin::NotNow;
         };
         // SAFETY: as above; the file has block 0 (open).
-        let m: Meta = unsafe { l.read_block(0, |p| p.meta()) };
+        let m: Meta = unsafe { l.read_block(0, |p, _| p.meta()) };
         if m.magic != MAGIC || m.version != FORMAT_VERSION || m.inconsistent() {
             return Begin::NotNow;
         }
@@ -252,6 +254,7 @@ impl Loader {
                 image: None,
                 pinned: Vec::new(),
                 changed: Changed::default(),
+                lsns: Vec::new(),
             };
             let smgr = pg_sys::smgropen(rnode, pg_sys::InvalidBackendId);
             if !pg_sys::smgrexists(smgr, pg_sys::ForkNumber::MAIN_FORKNUM) {
@@ -271,7 +274,7 @@ impl Loader {
     ///
     /// # Safety
     /// As for [`Loader::begin`], and the block must exist.
-    unsafe fn read_block<T>(&self, block: u32, f: impl FnOnce(PageRef) -> T) -> T {
+    unsafe fn read_block<T>(&self, block: u32, f: impl FnOnce(PageRef, u64) -> T) -> T {
         // SAFETY: the caller's contract; the loader's session locks keep the
         // file from being removed meanwhile.
         unsafe { read_block(self.rnode, self.file.permanent, self.strategy, block, f) }
@@ -289,7 +292,9 @@ impl Loader {
         while n > 0 && self.next <= end {
             let b = self.next;
             // SAFETY: the caller's contract; blocks up to `last` exist (begin).
-            unsafe { self.read_block(b, |p| copy_block(&mut image, &l, PageChange::whole(b), p)) };
+            let lsn =
+                unsafe { self.read_block(b, |p, lsn| (copy_block(&mut image, &l, PageChange::whole(b), p), lsn).1) };
+            note_lsn(&mut self.lsns, b, lsn);
             self.next += 1;
         }
         self.image = Some(image);
@@ -315,7 +320,7 @@ unsafe fn read_block<T>(
     permanent: bool,
     strategy: pg_sys::BufferAccessStrategy,
     block: u32,
-    f: impl FnOnce(PageRef) -> T,
+    f: impl FnOnce(PageRef, u64) -> T,
 ) -> T {
     // SAFETY: on the worker's main thread with a resource owner (the
     // caller's contract), as WAL replay reads a page by RelFileNode. The
@@ -330,7 +335,11 @@ unsafe fn read_block<T>(
             permanent,
         );
         pg_sys::LockBuffer(buf, pg_sys::BUFFER_LOCK_SHARE as i32);
-        let out = f(PageRef::new(pg_sys::BufferGetPage(buf)));
+        let page = pg_sys::BufferGetPage(buf);
+        // the LSN of the page's last change (every change of a permanent
+        // index is WAL-logged): what a resync compares
+        let lsn = (*(page as *const pg_sys::PageHeaderData)).pd_lsn;
+        let out = f(PageRef::new(page), ((lsn.xlogid as u64) << 32) | lsn.xrecoff as u64);
         pg_sys::UnlockReleaseBuffer(buf);
         out
     }
@@ -467,9 +476,9 @@ impl Changed {
     }
 }
 
-/// Copies page `p`, block `b` of an index in layout `l`, into `target`: a
-/// graph page's lists, or a vector page's flags and vectors (of the nodes
-/// the target has).
+/// Copies page `p` (block `c.block`) of an index in layout `l` into
+/// `target`: a graph page's lists, or a vector page's flags and vectors, of
+/// the nodes in `c.lo..c.hi` that the target has.
 fn copy_block(target: &mut dyn Target, l: &Layout, c: PageChange, p: PageRef) {
     let n = target.len();
     let chunk = (c.block as usize - 1) / l.pages_per_chunk;
@@ -509,13 +518,20 @@ fn pin_outliers(e: u32, list: &mut [u32], pinned: &[u32]) {
 /// entry point and pinned outliers), then the lists the log carries
 /// (`changes.lists`, in the order written), then each of `changes.pages`
 /// once, only the nodes of it that changed (read after every change noted
-/// in the log so far: the latest content wins). The index's generation now, or None when the copy cannot
-/// follow (the index locked by DDL, gone, or no longer the copy's layout):
-/// it is then refreshed whole when a request needs it.
+/// in the log so far: the latest content wins). The index's generation
+/// now, or None when the copy cannot follow (the index locked by DDL,
+/// gone, or no longer the copy's layout): it is then refreshed whole when
+/// a request needs it.
 ///
 /// # Safety
 /// The worker's main thread, with a resource owner.
-pub unsafe fn patch(key: Key, file: File, target: &mut dyn Target, changes: &mut Changed) -> Option<u64> {
+pub unsafe fn patch(
+    key: Key,
+    file: File,
+    target: &mut dyn Target,
+    changes: &mut Changed,
+    lsns: &mut Vec<u64>,
+) -> Option<u64> {
     // SAFETY: the worker's main thread, with a resource owner (the caller's
     // contract): session locks as a load takes them, then the file.
     unsafe {
@@ -527,7 +543,7 @@ pub unsafe fn patch(key: Key, file: File, target: &mut dyn Target, changes: &mut
         } else {
             0
         };
-        let out = (nblocks > 0).then(|| patch_blocks(rnode, file.permanent, nblocks, target, changes)).flatten();
+        let out = (nblocks > 0).then(|| patch_blocks(rnode, file.permanent, nblocks, target, changes, lsns)).flatten();
         close_files(rnode);
         drop(locks);
         out
@@ -544,10 +560,11 @@ unsafe fn patch_blocks(
     nblocks: u32,
     target: &mut dyn Target,
     changes: &mut Changed,
+    lsns: &mut Vec<u64>,
 ) -> Option<u64> {
     let strategy = std::ptr::null_mut();
     // SAFETY: the caller's contract; block 0 exists (nblocks > 0).
-    let m: Meta = unsafe { read_block(rnode, permanent, strategy, 0, |p| p.meta()) };
+    let m: Meta = unsafe { read_block(rnode, permanent, strategy, 0, |p, _| p.meta()) };
     let l = m.layout();
     if m.magic != MAGIC
         || m.version != FORMAT_VERSION
@@ -570,9 +587,65 @@ unsafe fn patch_blocks(
     PageChange::merged(&mut changes.pages);
     for &c in changes.pages.iter().filter(|c| c.block > 0 && c.block < nblocks) {
         // SAFETY: the caller's contract; the block exists.
-        unsafe { read_block(rnode, permanent, strategy, c.block, |p| copy_block(target, &l, c, p)) };
+        let lsn =
+            unsafe { read_block(rnode, permanent, strategy, c.block, |p, lsn| (copy_block(target, &l, c, p), lsn).1) };
+        if c.lo == 0 && c.hi == u32::MAX {
+            // (a page read in part leaves the rest as the copy had it)
+            note_lsn(lsns, c.block, lsn);
+        }
     }
     let pinned: Vec<u32> = m.pinned().collect();
     target.pin(&pinned);
     Some(m.generation)
+}
+
+/// Remembers block `b`'s LSN as the copy read it.
+fn note_lsn(lsns: &mut Vec<u64>, b: u32, lsn: u64) {
+    let b = b as usize;
+    if lsns.len() <= b {
+        lsns.resize(b + 1, 0);
+    }
+    lsns[b] = lsn;
+}
+
+/// Brings a copy whose change log was lost (a reader lapped by the
+/// writers) up to date in place: every block whose LSN differs from the
+/// one the copy read (`lsns`) is read again whole; the others are as the
+/// copy has them, since every change of a permanent index is WAL-logged
+/// and moves its page's LSN. A pass over the page headers, where loading
+/// the copy again read and decoded every page with its scans on the CPU.
+/// The index's generation and the pages read, or None as for [`patch`]
+/// (and for an unlogged index, whose pages keep no LSN).
+///
+/// # Safety
+/// As for [`patch`].
+pub unsafe fn resync(key: Key, file: File, target: &mut dyn Target, lsns: &mut Vec<u64>) -> Option<(u64, usize)> {
+    if !file.permanent {
+        return None;
+    }
+    // SAFETY: as in `patch`.
+    unsafe {
+        let locks = file.lock()?;
+        let rnode = key.rnode();
+        let smgr = pg_sys::smgropen(rnode, pg_sys::InvalidBackendId);
+        let nblocks = if pg_sys::smgrexists(smgr, pg_sys::ForkNumber::MAIN_FORKNUM) {
+            pg_sys::smgrnblocks(smgr, pg_sys::ForkNumber::MAIN_FORKNUM)
+        } else {
+            0
+        };
+        let mut changed = Changed::default();
+        let strategy = pg_sys::GetAccessStrategy(pg_sys::BufferAccessStrategyType::BAS_BULKREAD);
+        for b in 1..nblocks {
+            let lsn = read_block(rnode, true, strategy, b, |_, lsn| lsn);
+            if lsns.get(b as usize) != Some(&lsn) {
+                changed.pages.push(PageChange::whole(b));
+            }
+        }
+        pg_sys::FreeAccessStrategy(strategy);
+        let read = changed.pages.len();
+        let out = (nblocks > 0).then(|| patch_blocks(rnode, true, nblocks, target, &mut changed, lsns)).flatten();
+        close_files(rnode);
+        drop(locks);
+        out.map(|g| (g, read))
+    }
 }

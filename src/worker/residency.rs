@@ -8,7 +8,7 @@ use pgrx::pg_sys;
 
 use super::changes::{Change, CAPACITY};
 use super::device::{Device, Handle};
-use super::image::{patch, Begin, Changed, File, GpuPatch, Key, Loader};
+use super::image::{self, patch, Begin, Changed, File, GpuPatch, Key, Loader};
 use super::outcome::Outcome;
 use super::ring::Request;
 use super::shmem::Shared;
@@ -27,6 +27,8 @@ pub struct Resident {
     bytes: usize,
     loaded_at: i64,
     used: u64,
+    /// each block's LSN as the copy last read it whole (image::resync)
+    lsns: Vec<u64>,
 }
 
 pub enum Lookup<'a> {
@@ -155,8 +157,13 @@ impl Residency {
             Err(_) => {
                 self.applied = Some(log.head());
                 add(&shared.counters.log_overflows, 1);
+                // the lost changes moved their pages' LSNs: each copy reads
+                // those pages again in place and keeps answering (else it
+                // is refreshed whole when a request asks for a newer one)
                 for r in &mut self.residents {
-                    r.generation = 0;
+                    // SAFETY: the worker's main thread (the caller's contract).
+                    // (generation 0: refreshed whole when a request needs it)
+                    r.generation = unsafe { resync(r, device, shared) }?.unwrap_or(0);
                 }
                 if let Some(l) = self.loading.as_mut() {
                     l.generation = 0;
@@ -225,6 +232,7 @@ impl Residency {
         }
         let mut l = self.loading.take().unwrap();
         let (key, file, started, mut changed) = (l.key, l.file, l.started, std::mem::take(&mut l.changed));
+        let mut lsns = std::mem::take(&mut l.lsns);
         let mut generation = l.generation;
         let mut image = l.take();
         if !changed.is_empty() && generation != 0 {
@@ -232,7 +240,7 @@ impl Residency {
             // then the meta page's now (else the start's: older, refreshed
             // when a request asks for newer)
             // SAFETY: the worker's main thread (the caller's contract).
-            if let Some(g) = unsafe { patch(key, file, &mut image, &mut changed) } {
+            if let Some(g) = unsafe { patch(key, file, &mut image, &mut changed, &mut lsns) } {
                 generation = g;
             }
         }
@@ -253,6 +261,7 @@ impl Residency {
                     bytes,
                     loaded_at,
                     used: self.clock,
+                    lsns,
                 });
                 self.unfit.retain(|&(k, _)| k != key);
                 add(&shared.counters.loads, 1);
@@ -332,6 +341,54 @@ impl Residency {
     }
 }
 
+/// [`image::resync`] of `r`'s copy, in memory or on the GPU: the index's
+/// generation now, or None when the copy cannot be brought up to date in
+/// place. Err when the device failed for good.
+///
+/// # Safety
+/// The worker's main thread, with a resource owner.
+unsafe fn resync(r: &mut Resident, device: &Device, shared: &Shared) -> Result<Option<u64>, String> {
+    let t = std::time::Instant::now();
+    let out = match (&mut r.handle, device) {
+        (Handle::Cpu(image), _) => {
+            // SAFETY: the caller's contract.
+            let g = unsafe { image::resync(r.key, r.file, image, &mut r.lsns) };
+            r.nodes = image.len() as u32;
+            r.bytes = image.bytes();
+            g
+        }
+        (Handle::Gpu(g), Device::Gpu(gpu)) => {
+            let Some((stored_dim, degree, n)) = gpu.dims(g) else { return Ok(None) };
+            let mut t = GpuPatch { stored_dim, degree, patch: Patch { n, ..Patch::default() } };
+            // SAFETY: the caller's contract.
+            match unsafe { image::resync(r.key, r.file, &mut t, &mut r.lsns) } {
+                None => None,
+                Some(read) => match gpu.patch(g, &t.patch) {
+                    Ok(true) => {
+                        r.nodes = t.patch.n as u32;
+                        r.bytes = gpu.bytes(g).unwrap_or(r.bytes);
+                        Some(read)
+                    }
+                    Ok(false) => None,
+                    Err(o) => {
+                        if o == Outcome::Error {
+                            device.check()?;
+                        }
+                        None
+                    }
+                },
+            }
+        }
+        _ => None,
+    };
+    if let Some((_, pages)) = out {
+        add(&shared.counters.resyncs, 1);
+        add(&shared.counters.resynced_pages, pages as u64);
+        add(&shared.counters.patch_us, t.elapsed().as_micros() as u64);
+    }
+    Ok(out.map(|(g, _)| g))
+}
+
 /// Re-reads the changed `blocks` of `r`'s index into its copy: in place in
 /// memory, or as a patch of the GPU's copy. The index's generation now, or
 /// None when the copy cannot follow (see `image::patch`; a GPU copy that
@@ -351,7 +408,7 @@ unsafe fn follow(
         (Handle::Cpu(image), _) => {
             let read = std::time::Instant::now();
             // SAFETY: the caller's contract.
-            let g = unsafe { patch(r.key, r.file, image, blocks) };
+            let g = unsafe { patch(r.key, r.file, image, blocks, &mut r.lsns) };
             add(&shared.counters.patch_read_us, read.elapsed().as_micros() as u64);
             r.nodes = image.len() as u32;
             r.bytes = image.bytes();
@@ -362,7 +419,7 @@ unsafe fn follow(
             let mut t = GpuPatch { stored_dim, degree, patch: Patch { n, ..Patch::default() } };
             let read = std::time::Instant::now();
             // SAFETY: the caller's contract.
-            let generation = unsafe { patch(r.key, r.file, &mut t, blocks) };
+            let generation = unsafe { patch(r.key, r.file, &mut t, blocks, &mut r.lsns) };
             add(&shared.counters.patch_read_us, read.elapsed().as_micros() as u64);
             let Some(generation) = generation else { return Ok(None) };
             match gpu.patch(g, &t.patch) {

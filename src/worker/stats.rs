@@ -46,6 +46,10 @@ pub struct Counters {
     pub patches: AtomicU64,
     pub patched_pages: AtomicU64,
     pub log_overflows: AtomicU64,
+    /// copies brought up to date in place after an overflow (pages whose
+    /// LSN moved read again), and the pages read
+    pub resyncs: AtomicU64,
+    pub resynced_pages: AtomicU64,
     /// the worker's time bringing copies up to date (reading the pages and
     /// copying them to the device): the part of its one thread writes take
     pub patch_us: AtomicU64,
@@ -87,6 +91,8 @@ impl Counters {
             patches: AtomicU64::new(0),
             patched_pages: AtomicU64::new(0),
             log_overflows: AtomicU64::new(0),
+            resyncs: AtomicU64::new(0),
+            resynced_pages: AtomicU64::new(0),
             patch_us: AtomicU64::new(0),
             patch_read_us: AtomicU64::new(0),
             slow_syncs: AtomicU64::new(0),
@@ -316,6 +322,9 @@ struct Residency {
     patches: u64,
     patched_pages: u64,
     log_overflows: u64,
+    /// copies read again in place after an overflow, and the pages read
+    resyncs: u64,
+    resynced_pages: u64,
     /// the worker's time spent on them, in all and per patch
     patch_ms: f64,
     patch_read_ms: f64,
@@ -368,6 +377,8 @@ fn gpu_graph_worker_stats() -> JsonB {
             patches: get(&c.patches),
             patched_pages: get(&c.patched_pages),
             log_overflows: get(&c.log_overflows),
+            resyncs: get(&c.resyncs),
+            resynced_pages: get(&c.resynced_pages),
             patch_ms: get(&c.patch_us) as f64 / 1000.0,
             patch_read_ms: get(&c.patch_read_us) as f64 / 1000.0,
             mean_patch_us: mean(get(&c.patch_us), get(&c.patches)),

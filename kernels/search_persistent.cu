@@ -14,14 +14,11 @@
 // finish (deadlock).
 //
 // Slot protocol (ALGAS section IV-A / V-A, no GDRCopy):
-//   reqs[slot]    mapped pinned host memory: the request (header +
-//                 query), written by the host before it changes cmd, read
-//                 by the kernel at system scope (one driver call a query
-//                 on the host's thread, not a copy and then the word).
 //   cmd[slot]     device memory, written only by the host with
-//                 cuStreamWriteValue32 on the slot's stream (ordered after
-//                 the index's patches), after it wrote reqs[slot], so the
-//                 request is there before the word changes. Values: "Work" =
+//                 cuStreamWriteValue32 on a side stream, right after the
+//                 async copy of the request (header + query) into
+//                 reqs[slot] on the same stream, so the request is in
+//                 device memory before the word changes. Values: "Work" =
 //                 seq << 5 | (ctas - 1), seq = 1, 2, ... per slot (27 bits;
 //                 the host clears the slot's visited table and starts again
 //                 at 1 before it would wrap), GG_CMD_QUIT, GG_CMD_FAULT (test
@@ -102,25 +99,6 @@ __device__ __forceinline__ u32 ld_cg_u8(const void* p) {
 }
 __device__ __forceinline__ void ld_cg_v4(const void* p, u32& a, u32& b, u32& c, u32& d) {
     asm volatile("ld.global.cg.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(a), "=r"(b), "=r"(c), "=r"(d) : "l"(p));
-}
-// Loads of host memory the host writes (a query slot's request, mapped
-// pinned memory): system scope, so they see the host's stores and are not
-// served from a cache line of an earlier request in that slot.
-__device__ __forceinline__ u32 ld_acquire_sys_u32(const void* p) {
-    u32 v;
-    asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
-__device__ __forceinline__ u32 ld_sys_u32(const void* p) {
-    u32 v;
-    asm volatile("ld.relaxed.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
-__device__ __forceinline__ void ld_sys_v4(const void* p, u32& a, u32& b, u32& c, u32& d) {
-    asm volatile("ld.relaxed.sys.global.v4.u32 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(a), "=r"(b), "=r"(c), "=r"(d)
-                 : "l"(p)
-                 : "memory");
 }
 __device__ __forceinline__ u64 ld_relaxed_u64(const u64* p) {
     u64 v;
@@ -537,17 +515,10 @@ __device__ __forceinline__ bool load_desc(const IndexDesc* indexes, u32 n_indexe
 }
 
 // Copies `qwords` floats (a multiple of 4) of a query into shared memory.
-// HOST: `src` is host memory the host wrote (a slot's request), read at
-// system scope; else device memory (a batch's queries).
-template <bool HOST>
 __device__ __forceinline__ void load_query(const u32* src, float* q, u32 qwords, u32 lane) {
     for (u32 i = lane * 4; i < qwords; i += 128) {
         u32 a, b, cc, d;
-        if (HOST) {
-            ld_sys_v4(src + i, a, b, cc, d);
-        } else {
-            ld_cg_v4(src + i, a, b, cc, d);
-        }
+        ld_cg_v4(src + i, a, b, cc, d);
         q[i] = __uint_as_float(a);
         q[i + 1] = __uint_as_float(b);
         q[i + 2] = __uint_as_float(cc);
@@ -721,24 +692,25 @@ extern "C" __global__ void __launch_bounds__(32)
         idle = 0;
         const u32 ctas = (c & 31u) + 1u;
         if (t >= ctas) continue;  // this CTA sits the query out
-        // the host wrote the request before cmd changed; its own sequence
-        // word says so (and nobody rewrites it before this CTA arrives)
-        while (ld_acquire_sys_u32(&req->cmd) != c) nanosleep_ns(32);
+        // the request is in device memory before cmd changed (stream order);
+        // its own sequence word says so (and nobody rewrites it before this
+        // CTA arrives below)
+        while (ld_cg_u32(&req->cmd) != c) nanosleep_ns(32);
         CtaPlan p;
-        p.k = ld_sys_u32(&req->k);
-        p.cap = ld_sys_u32(&req->list);
-        p.max_expand = ld_sys_u32(&req->max_expand);
-        p.offset_beam = ld_sys_u32(&req->offset_beam);
-        p.beam = ld_sys_u32(&req->beam);
-        p.seeds = ld_sys_u32(&req->seeds);
-        const u32 qwords = ld_sys_u32(&req->qwords);
+        p.k = ld_cg_u32(&req->k);
+        p.cap = ld_cg_u32(&req->list);
+        p.max_expand = ld_cg_u32(&req->max_expand);
+        p.offset_beam = ld_cg_u32(&req->offset_beam);
+        p.beam = ld_cg_u32(&req->beam);
+        p.seeds = ld_cg_u32(&req->seeds);
+        const u32 qwords = ld_cg_u32(&req->qwords);
 
         IndexDesc ix;
-        const bool ok = load_desc(indexes, P.n_indexes, ld_sys_u32(&req->index), ld_sys_u32(&req->gen), ix) &&
+        const bool ok = load_desc(indexes, P.n_indexes, ld_cg_u32(&req->index), ld_cg_u32(&req->gen), ix) &&
                         p.cap > 0 && p.cap <= list_cap && p.k <= k_max && qwords <= max_qwords;
         u32 written = 0, expanded = 0, computed = 0;
         if (ok) {
-            load_query<true>((const u32*)(req + 1), S.q, qwords, lane);
+            load_query((const u32*)(req + 1), S.q, qwords, lane);
             const u64 salt = mix64(((u64)c << 32) ^ ((u64)slot << 8) ^ (u64)t);
             written = search_one(ix, S, table, vmask, c, t, ctas, p, 0, salt, hits, expanded, computed, lane);
         } else {
@@ -802,7 +774,7 @@ extern "C" __global__ void __launch_bounds__(32, GG_BATCH_MIN_BLOCKS)
     for (u32 qi = blockIdx.x; qi < P.n; qi += gridDim.x, ++j) {
         u32 written = GG_OUT_BAD_INDEX, expanded = 0, computed = 0;
         if (ok) {
-            load_query<false>((const u32*)P.queries + (u64)qi * P.qwords, S.q, P.qwords, lane);
+            load_query((const u32*)P.queries + (u64)qi * P.qwords, S.q, P.qwords, lane);
             ResultHit* hits = (ResultHit*)P.hits + (u64)qi * P.k;
             written =
                 search_one(ix, S, table, vmask, P.visit_base + j, 0, 1, p, P.width, 0, hits, expanded, computed, lane);

@@ -242,12 +242,12 @@ impl Sizing {
     pub fn visited_bytes(&self) -> usize {
         self.slots << self.visited_log2 << 3
     }
-    /// Device bytes of the server itself (slot words, visited tables, the
-    /// index table).
+    /// Device bytes of the server itself (slot words, requests, visited
+    /// tables, the index table).
     pub fn device_bytes(&self) -> usize {
-        self.slots * 8 + self.visited_bytes() + self.max_indexes * size_of::<IndexDesc>()
+        self.slots * (8 + self.req_stride) + self.visited_bytes() + self.max_indexes * size_of::<IndexDesc>()
     }
-    /// Pinned host bytes (the requests, the results, the finish words).
+    /// Pinned host bytes.
     pub fn pinned_bytes(&self) -> usize {
         self.slots * (self.req_stride + self.result_stride + FINISH_STRIDE_WORDS * 4 + 4)
     }

@@ -79,10 +79,9 @@ pub(crate) struct Slots {
     pub stream_mem_ops: Result<(), String>,
     cmd: PlainDevice,
     done: CudaSlice<u32>,
+    reqs: CudaSlice<u8>,
     visited: CudaSlice<u64>,
-    /// the requests (header + query), in mapped host memory the kernel
-    /// reads at system scope: writing them is no driver call
-    reqs: Pinned,
+    staging: Pinned,
     results: Pinned,
     finish: Pinned,
     words: Pinned,
@@ -116,8 +115,9 @@ impl Slots {
             stream_mem_ops: Ok(()),
             cmd: PlainDevice::new(ctx, slots * 4, "the slot words")?,
             done: zeroed(mgmt, slots, "the slot counters")?,
+            reqs: zeroed(mgmt, slots * z.req_stride, "the request buffers")?,
             visited: zeroed(mgmt, slots << z.visited_log2, "the visited tables")?,
-            reqs: Pinned::new(ctx, slots * z.req_stride, true, "the request buffers")?,
+            staging: Pinned::new(ctx, slots * z.req_stride, false, "the request staging")?,
             results: Pinned::new(ctx, slots * z.result_stride, true, "the result blocks")?,
             finish: Pinned::new(ctx, slots * FINISH_STRIDE_WORDS * 4, true, "the finish words")?,
             words: Pinned::new(ctx, slots * 4, false, "the slot word staging")?,
@@ -140,7 +140,7 @@ impl Slots {
     /// The slot part of the kernel's parameter.
     pub fn params(&self, p: &mut SearchParams) {
         p.cmd = self.cmd.addr();
-        p.reqs = self.reqs.device_addr();
+        p.reqs = device_addr(&self.reqs);
         p.visited = device_addr(&self.visited);
         p.done = device_addr(&self.done);
         p.results = self.results.device_addr();
@@ -268,21 +268,24 @@ impl Slots {
             qwords: res.fmt.qwords as u32,
             pad: [0; 5],
         };
+        let bytes = std::mem::size_of::<RequestHead>() + 4 * res.fmt.qwords;
         let at = slot as usize * self.z.req_stride;
-        // SAFETY: the slot's request bytes are ours until its next query,
-        // which cannot start before this one finished (a CTA that sits a
-        // query out never reads them); the head and query fit the stride.
-        // The kernel reads them only after the slot word written below
-        // changed, which the driver call orders after these stores.
-        unsafe {
-            let base = self.reqs.ptr().add(at);
+        // SAFETY: the slot's staging bytes are ours until its next query,
+        // which cannot start before this one finished; `bytes` fits the stride.
+        let src = unsafe {
+            let base = self.staging.ptr().add(at);
             std::ptr::write_unaligned(base as *mut RequestHead, head);
             let q = std::slice::from_raw_parts_mut(
                 base.add(std::mem::size_of::<RequestHead>()) as *mut f32,
                 res.fmt.qwords,
             );
             res.query_row(query, q);
-        }
+            std::slice::from_raw_parts(base as *const u8, bytes)
+        };
+        // SAFETY: the destination is this slot's request buffer; the source is
+        // pinned and stays untouched until the kernel has read it.
+        unsafe { result::memcpy_htod_async(device_addr(&self.reqs) + at as u64, src, stream.cu_stream()) }
+            .map_err(|e| format!("copying a query: {e:?}"))?;
         st.seq = seq;
         st.cmd = cmd;
         st.busy = true;

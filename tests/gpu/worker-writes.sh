@@ -14,7 +14,8 @@
 # for any reason), the pages patched into its copy, the share of the
 # worker's time patching them (and reading the pages for it), the mean
 # patch, syncs over 10 ms, the worker's and the machine's CPU, what the
-# worker waits on (sampled, in waits.txt); recall@10 of worker and CPU
+# worker waits on (sampled, in waits.txt), the share of inserted rows
+# whose neighbour search the worker did (ins_w%); recall@10 of worker and CPU
 # scans during the writes (queries 500-999; new rows are jittered queries
 # 0-499, so the ground truth of the probed queries holds). Then rows inserted are found
 # through the worker right after their commit, and deleted rows are never

@@ -532,8 +532,22 @@ pub unsafe fn patch(
     changes: &mut Changed,
     lsns: &mut Vec<u64>,
 ) -> Option<u64> {
+    // SAFETY: the caller's contract.
+    unsafe {
+        with_file(key, file, |rnode, nblocks| patch_blocks(rnode, file.permanent, nblocks, target, changes, lsns))
+    }
+}
+
+/// Calls `f` with the index's file open and locked (session locks as a
+/// load takes them, then the file) and its length, when it has blocks;
+/// closes and unlocks it after. None when the index is locked against the
+/// worker or gone.
+///
+/// # Safety
+/// The worker's main thread, with a resource owner.
+unsafe fn with_file<T>(key: Key, file: File, f: impl FnOnce(pg_sys::RelFileNode, u32) -> Option<T>) -> Option<T> {
     // SAFETY: the worker's main thread, with a resource owner (the caller's
-    // contract): session locks as a load takes them, then the file.
+    // contract); smgrnblocks is asked only when the file exists.
     unsafe {
         let locks = file.lock()?;
         let rnode = key.rnode();
@@ -543,7 +557,7 @@ pub unsafe fn patch(
         } else {
             0
         };
-        let out = (nblocks > 0).then(|| patch_blocks(rnode, file.permanent, nblocks, target, changes, lsns)).flatten();
+        let out = (nblocks > 0).then(|| f(rnode, nblocks)).flatten();
         close_files(rnode);
         drop(locks);
         out
@@ -623,29 +637,21 @@ pub unsafe fn resync(key: Key, file: File, target: &mut dyn Target, lsns: &mut V
     if !file.permanent {
         return None;
     }
-    // SAFETY: as in `patch`.
+    // SAFETY: the caller's contract; the file is open and locked in `f`,
+    // and its blocks below `nblocks` exist.
     unsafe {
-        let locks = file.lock()?;
-        let rnode = key.rnode();
-        let smgr = pg_sys::smgropen(rnode, pg_sys::InvalidBackendId);
-        let nblocks = if pg_sys::smgrexists(smgr, pg_sys::ForkNumber::MAIN_FORKNUM) {
-            pg_sys::smgrnblocks(smgr, pg_sys::ForkNumber::MAIN_FORKNUM)
-        } else {
-            0
-        };
-        let mut changed = Changed::default();
-        let strategy = pg_sys::GetAccessStrategy(pg_sys::BufferAccessStrategyType::BAS_BULKREAD);
-        for b in 1..nblocks {
-            let lsn = read_block(rnode, true, strategy, b, |_, lsn| lsn);
-            if lsns.get(b as usize) != Some(&lsn) {
-                changed.pages.push(PageChange::whole(b));
+        with_file(key, file, |rnode, nblocks| {
+            let mut changed = Changed::default();
+            let strategy = pg_sys::GetAccessStrategy(pg_sys::BufferAccessStrategyType::BAS_BULKREAD);
+            for b in 1..nblocks {
+                let lsn = read_block(rnode, true, strategy, b, |_, lsn| lsn);
+                if lsns.get(b as usize) != Some(&lsn) {
+                    changed.pages.push(PageChange::whole(b));
+                }
             }
-        }
-        pg_sys::FreeAccessStrategy(strategy);
-        let read = changed.pages.len();
-        let out = (nblocks > 0).then(|| patch_blocks(rnode, true, nblocks, target, &mut changed, lsns)).flatten();
-        close_files(rnode);
-        drop(locks);
-        out.map(|g| (g, read))
+            pg_sys::FreeAccessStrategy(strategy);
+            let read = changed.pages.len();
+            patch_blocks(rnode, true, nblocks, target, &mut changed, lsns).map(|g| (g, read))
+        })
     }
 }

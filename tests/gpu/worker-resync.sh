@@ -19,9 +19,12 @@ loads=$(stat residency,loads); overflows=$(stat residency,log_overflows); resync
 wpid=$(stat worker,pid)
 kill -STOP "$wpid"
 # rows near the query vectors, each findable by its own vector: query i
-# moved by 0.25 in every coordinate (ids -1..-ROWS)
+# moved by 0.25 (1 + i / 1000) in every coordinate, with ids of their own
+# (base - i: other scripts' rows may be in the table)
+base=-1500000000
+gg_q -c "DELETE FROM items WHERE id <= $base AND id > $base - $rows - 1"
 t0=$(date +%s.%N)
-gg_q -c "INSERT INTO items SELECT -i, (SELECT array_agg(x + 0.25::real * (1 + i / 1000)) FROM unnest(v) x)
+gg_q -c "INSERT INTO items SELECT $base - i, (SELECT array_agg(x + 0.25::real * (1 + i / 1000)) FROM unnest(v) x)
   FROM generate_series(1, $rows) i JOIN queries q ON q.id = i % 1000"
 t1=$(date +%s.%N)
 kill -CONT "$wpid"
@@ -36,7 +39,7 @@ echo "$rows rows inserted in $(awk -v a="$t0" -v b="$t1" 'BEGIN {printf "%.1f", 
 w0=$(stat scans,worker)
 found=$(gg_q -c "SET gpu_graph.search_device = gpu" -c "SET enable_seqscan = off" -c "
   SELECT count(*) FILTER (WHERE o.id = (SELECT id FROM items ORDER BY embedding <-> o.embedding LIMIT 1))
-  FROM items o WHERE o.id < 0 AND o.id % 100 = 0" | tail -n 1)
+  FROM items o WHERE o.id <= $base AND o.id > $base - $rows - 1 AND o.id % 100 = 0" | tail -n 1)
 served=$(($(stat scans,worker) - w0))
 echo "rows found by their own vector through the worker: $found of $((rows / 100)) ($served scans served by it)"
 [ "$found" = $((rows / 100)) ] && [ "$served" -ge $((rows / 100)) ] || fail "rows written while the log was lost: $found found, $served served"

@@ -6,11 +6,10 @@
 use std::time::{Duration, Instant};
 
 use gpu_graph_engine::metric::Metric;
-use gpu_graph_engine::recall::mean_recall;
 use gpu_graph_gpu::search::{BatchAnswers, ResidentId, SearchServer};
 
 use crate::common::{cpu_recall, Data, Verdict, K};
-use crate::{check_answer, Indexes, WAIT};
+use crate::{score, Indexes, WAIT};
 
 /// Submits one batch and waits for it; its answers and seconds.
 fn run_batch(
@@ -41,19 +40,7 @@ fn check(
     queries: &[Vec<f32>],
     truth: &[Vec<(u32, f64)>],
 ) -> (f64, Option<String>) {
-    let mut bad = None;
-    let found: Vec<Vec<f64>> = answers
-        .iter()
-        .zip(queries)
-        .enumerate()
-        .map(|(qi, (a, q))| {
-            if let Some(e) = check_answer(a, ix, K, q, None) {
-                bad.get_or_insert(format!("query {qi}: {e}"));
-            }
-            a.iter().map(|h| ix.metric.to_sql(h.0)).collect()
-        })
-        .collect();
-    (mean_recall(&found, truth, K), bad)
+    score(answers.iter().map(|a| Ok(a.as_slice())), ix, queries, truth)
 }
 
 pub fn run(

@@ -8,12 +8,11 @@ use gpu_graph_engine::flat::FlatIndex;
 use gpu_graph_engine::graph::Graph;
 use gpu_graph_engine::metric::Metric;
 use gpu_graph_engine::node;
-use gpu_graph_engine::recall::mean_recall;
 use gpu_graph_engine::NO_NODE;
 use gpu_graph_gpu::search::{Patch, ResidentId, SearchError, SearchServer};
 
 use crate::common::{cpu_recall, Data, Verdict, K};
-use crate::{check_answer, Indexes, WAIT};
+use crate::{check_answer, score, Indexes, WAIT};
 
 pub fn run(
     server: &SearchServer,
@@ -88,22 +87,12 @@ fn answers(
     truth: &[Vec<(u32, f64)>],
     ef: usize,
 ) -> (f64, Option<String>) {
-    let (mut found, mut bad) = (Vec::new(), None);
-    for (qi, q) in queries.iter().enumerate() {
-        match server.submit(id, q, K, ef).and_then(|mut t| server.wait(&mut t, WAIT)) {
-            Ok(a) => {
-                if let Some(e) = check_answer(&a.hits, index, K, q, None) {
-                    bad.get_or_insert(format!("query {qi}: {e}"));
-                }
-                found.push(a.hits.iter().map(|x| index.metric.to_sql(x.0)).collect::<Vec<_>>());
-            }
-            Err(e) => {
-                bad.get_or_insert(format!("query {qi}: {e}"));
-                found.push(Vec::new());
-            }
-        }
-    }
-    (mean_recall(&found, truth, K), bad)
+    let hits: Vec<Result<Vec<(f32, u32)>, String>> = queries
+        .iter()
+        .map(|q| server.submit(id, q, K, ef).and_then(|mut t| server.wait(&mut t, WAIT)).map(|a| a.hits))
+        .map(|r| r.map_err(|e| e.to_string()))
+        .collect();
+    score(hits.iter().map(|r| r.as_deref().map_err(Clone::clone)), index, queries, truth)
 }
 
 /// The inner-product index against the CPU on the same graph.

@@ -170,6 +170,36 @@ fn fatal(what: &str) -> ! {
     exit(1)
 }
 
+/// Answers of `queries` (nearest first, or why a query has none) checked
+/// one by one against `ix`: recall@10 against `truth` (operator
+/// distances) and the first bad answer.
+pub fn score<'a>(
+    answers: impl IntoIterator<Item = Result<&'a [(f32, u32)], String>>,
+    ix: &FlatIndex,
+    queries: &[Vec<f32>],
+    truth: &[Vec<(u32, f64)>],
+) -> (f64, Option<String>) {
+    let mut bad = None;
+    let found: Vec<Vec<f64>> = answers
+        .into_iter()
+        .zip(queries)
+        .enumerate()
+        .map(|(qi, (a, q))| match a {
+            Ok(a) => {
+                if let Some(e) = check_answer(a, ix, K, q, None) {
+                    bad.get_or_insert(format!("query {qi}: {e}"));
+                }
+                a.iter().map(|h| ix.metric.to_sql(h.0)).collect()
+            }
+            Err(e) => {
+                bad.get_or_insert(format!("query {qi}: {e}"));
+                Vec::new()
+            }
+        })
+        .collect();
+    (mean_recall(&found, truth, K), bad)
+}
+
 /// Checks one answer against its index; an error text or None.
 pub fn check_answer(
     hits: &[(f32, u32)],

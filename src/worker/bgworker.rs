@@ -337,6 +337,10 @@ impl Worker {
         for &(i, seq) in &taken {
             self.start(i, seq)?;
         }
+        if let Err(o) = self.device.send_held() {
+            // the device is lost: the held searches fail when polled
+            failed(&self.device, o)?;
+        }
         self.taken = taken;
         Ok(took)
     }

@@ -88,7 +88,8 @@ impl Device {
         }
     }
 
-    /// Starts a search for the `k` nearest with beam `ef` (`query` as the user gave it).
+    /// Starts a search for the `k` nearest with beam `ef` (`query` as the
+    /// user gave it). A GPU search starts at the next [`Device::send_held`].
     pub fn start(&self, h: &Handle, query: &[f32], k: usize, ef: usize) -> Result<Start, Outcome> {
         match (self, h) {
             (_, Handle::Empty) => Ok(Start::Done(Vec::new())),
@@ -123,6 +124,15 @@ impl Device {
             }
             (Device::Gpu(g), Handle::Gpu(r)) => g.submit_batch(r, queries, dim, k, ef, width).map(BatchStart::Pending),
             (Device::Cpu, Handle::Gpu(_)) => unreachable!("a GPU copy without a GPU"),
+        }
+    }
+
+    /// Sends the GPU searches `start` (and `start_batch`'s single queries)
+    /// held: two driver calls for all of them.
+    pub fn send_held(&self) -> Result<usize, Outcome> {
+        match self {
+            Device::Gpu(g) => g.send_held(),
+            Device::Cpu => Ok(0),
         }
     }
 

@@ -116,9 +116,16 @@ impl GpuSearch {
         self.server.patch(r.id, p).map_err(outcome)
     }
 
+    /// A query held on the host until [`GpuSearch::send_held`] (the worker
+    /// sends each loop's queries together).
     pub fn submit(&self, r: &GpuResident, query: &[f32], k: usize, ef: usize) -> Result<GpuPending, Outcome> {
         let k = k.min(self.server.info().k_max);
-        self.server.submit(r.id, &r.metric.prepare_query(query), k, ef).map(GpuPending).map_err(outcome)
+        self.server.submit_held(r.id, &r.metric.prepare_query(query), k, ef).map(GpuPending).map_err(outcome)
+    }
+
+    /// Sends the queries `submit` held.
+    pub fn send_held(&self) -> Result<usize, Outcome> {
+        self.server.send_held().map_err(outcome)
     }
 
     pub fn poll(&self, p: &mut GpuPending) -> Result<Option<Hits>, Outcome> {

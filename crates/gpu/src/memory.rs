@@ -11,6 +11,7 @@
 //! share such memory through a lock-free protocol.
 
 use std::ffi::c_void;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use cudarc::driver::sys;
@@ -173,4 +174,34 @@ pub unsafe fn memcpy_htod_batch_async(
         sys::CUresult::CUDA_SUCCESS => Ok(()),
         e => Err(e),
     }
+}
+
+/// Whether [`memcpy_htod_many`] sends batches (cleared when the driver
+/// refuses one: drivers before CUDA 13 have no cuMemcpyBatchAsync_v2).
+static BATCH_COPIES: AtomicBool = AtomicBool::new(true);
+
+/// Issues host-to-device copies on `stream` without waiting: one batch (a
+/// driver call) where the driver takes batches and there is more than one
+/// copy, else a call a copy. The copies may land in any order; the
+/// stream's later work comes after all of them. Err: the failed call.
+///
+/// # Safety
+/// As [`memcpy_htod_batch_async`].
+pub unsafe fn memcpy_htod_many(
+    stream: &CudaStream,
+    copies: &[(u64, *const u8, usize)],
+) -> Result<(), cudarc::driver::DriverError> {
+    if copies.len() > 1 && BATCH_COPIES.load(Ordering::Relaxed) {
+        // SAFETY: the caller's contract.
+        match unsafe { memcpy_htod_batch_async(stream, copies) } {
+            Ok(()) => return Ok(()),
+            // an older driver: a call a copy from now on
+            Err(_) => BATCH_COPIES.store(false, Ordering::Relaxed),
+        }
+    }
+    for &(at, src, len) in copies {
+        // SAFETY: the caller's contract.
+        unsafe { result::memcpy_htod_async(at, std::slice::from_raw_parts(src, len), stream.cu_stream()) }?;
+    }
+    Ok(())
 }

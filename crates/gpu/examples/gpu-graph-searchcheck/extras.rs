@@ -24,6 +24,7 @@ pub fn run(
 ) {
     let ef = *efs.iter().max().unwrap_or(&64);
     inner_product(server, ip_id, ix, data, ef, v);
+    held(server, id, ix, data, ef, v);
     two_at_once(server, (id, ip_id), ix, v);
     deletes(server, id, ix, data, v);
     grows(server, ix, data, ef, v);
@@ -105,6 +106,49 @@ fn inner_product(server: &SearchServer, ip_id: ResidentId, ix: &Indexes, data: &
         format!(
             "inner product index ({} rows, fp16 {half}): recall@10 {r:.4} at ef {ef} (cpu {cr:.4}){}",
             ix.ip.len(),
+            bad.map(|b| format!("; {b}")).unwrap_or_default()
+        ),
+    );
+}
+
+/// Queries held and sent together (the worker's way: a loop's queries in
+/// two driver calls), in rounds of up to 48 on one thread: every answer
+/// checked, recall as one query at a time; and the host's time to submit
+/// a query both ways.
+fn held(server: &SearchServer, id: ResidentId, ix: &Indexes, data: &Data, ef: usize, v: &mut Verdict) {
+    const ROUND: usize = 48;
+    let (cr, _) = answers(server, id, &ix.l2, &ix.l2_queries, &data.truth, ef);
+    let (mut hits, mut submit_us) = (Vec::with_capacity(ix.l2_queries.len()), 0.0);
+    for round in ix.l2_queries.chunks(ROUND) {
+        let t = Instant::now();
+        let tickets: Vec<_> = round.iter().map(|q| server.submit_held(id, q, K, ef)).collect();
+        let sent = server.send_held();
+        submit_us += t.elapsed().as_secs_f64() * 1e6;
+        if let Err(e) = sent {
+            v.check(false, format!("held queries: sending them: {e}"));
+            return;
+        }
+        for t in tickets {
+            hits.push(t.and_then(|mut t| server.wait(&mut t, WAIT)).map(|a| a.hits).map_err(|e| e.to_string()));
+        }
+    }
+    let mut single_us = 0.0;
+    for round in ix.l2_queries.chunks(ROUND) {
+        let t = Instant::now();
+        let tickets: Vec<_> = round.iter().map(|q| server.submit(id, q, K, ef)).collect();
+        single_us += t.elapsed().as_secs_f64() * 1e6;
+        for t in tickets {
+            let _ = t.and_then(|mut t| server.wait(&mut t, WAIT));
+        }
+    }
+    let nq = ix.l2_queries.len();
+    let (r, bad) = score(hits.iter().map(|r| r.as_deref().map_err(Clone::clone)), &ix.l2, &ix.l2_queries, &data.truth);
+    v.check(
+        bad.is_none() && r >= cr - 0.01,
+        format!(
+            "held queries ({nq} in rounds of {ROUND}): recall@10 {r:.4} at ef {ef} (one at a time {cr:.4}); submit {:.2} us a query held, {:.2} us one at a time{}",
+            submit_us / nq as f64,
+            single_us / nq as f64,
             bad.map(|b| format!("; {b}")).unwrap_or_default()
         ),
     );

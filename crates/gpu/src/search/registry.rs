@@ -3,7 +3,7 @@
 //! queries run.
 
 use std::mem::size_of;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -19,7 +19,7 @@ use super::plan::Sizing;
 use super::server::SearchError;
 use crate::abi::{self, IndexDesc};
 use crate::error::{cuda, GpuError};
-use crate::memory::{device_addr, memcpy_htod_batch_async, zeroed, Pinned};
+use crate::memory::{device_addr, memcpy_htod_many, zeroed, Pinned};
 
 /// A resident index, named by every query against it. Stale after unload.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -620,31 +620,13 @@ impl<'a> Upload<'a> {
         let copies: Vec<(u64, *const u8, usize)> =
             // SAFETY: ranges of the pinned buffer filled by `put`.
             self.copies.drain(..).map(|(at, r)| (at, unsafe { self.buf.ptr().add(r.start) } as *const u8, r.len())).collect();
-        if copies.len() > 1 && BATCH_COPIES.load(Ordering::Relaxed) {
-            // SAFETY: destinations inside the index's arrays or its table
-            // entry (the caller's checks); the sources stay untouched until
-            // the stream has passed them (the staging lock, `flush`, and
-            // the next patch's wait for this one's event).
-            match unsafe { memcpy_htod_batch_async(self.stream, &copies) } {
-                Ok(()) => return Ok(()),
-                // an older driver: a call a copy from now on
-                Err(_) => BATCH_COPIES.store(false, Ordering::Relaxed),
-            }
-        }
-        for (at, src, len) in copies {
-            // SAFETY: as above.
-            let src = unsafe { std::slice::from_raw_parts(src, len) };
-            // SAFETY: as above.
-            unsafe { result::memcpy_htod_async(at, src, self.stream.cu_stream()) }
-                .map_err(|e| SearchError::from(cuda("patching an index", e)))?;
-        }
-        Ok(())
+        // SAFETY: destinations inside the index's arrays or its table entry
+        // (the caller's checks); the sources stay untouched until the stream
+        // has passed them (the staging lock, `flush`, and the next patch's
+        // wait for this one's event).
+        unsafe { memcpy_htod_many(self.stream, &copies) }.map_err(|e| SearchError::from(cuda("patching an index", e)))
     }
 }
-
-/// Whether patches send their copies as one batch (cleared when the driver
-/// refuses one: drivers before CUDA 13 have no cuMemcpyBatchAsync_v2).
-static BATCH_COPIES: AtomicBool = AtomicBool::new(true);
 
 /// The device rows of `vectors` (`dim` values each) in format `fmt`,
 /// zero-padded to 16 bytes; None when fp16 rows cannot hold every value

@@ -307,7 +307,19 @@ impl SearchServer {
     /// stored_dim values) for its k nearest with beam `ef`, planned by the
     /// server's [`SearchPolicy`]. Takes a free slot or fails with Busy.
     pub fn submit(&self, index: ResidentId, query: &[f32], k: usize, ef: usize) -> Result<Ticket, SearchError> {
-        Inner::submit(&self.inner, None, index, query, k, &self.plan(k, ef))
+        Inner::submit(&self.inner, None, index, query, k, &self.plan(k, ef), false)
+    }
+
+    /// As [`SearchServer::submit`], but the query waits on the host until
+    /// [`SearchServer::send_held`]: a thread with many queries at once sends
+    /// them with two driver calls instead of two a query.
+    pub fn submit_held(&self, index: ResidentId, query: &[f32], k: usize, ef: usize) -> Result<Ticket, SearchError> {
+        Inner::submit(&self.inner, None, index, query, k, &self.plan(k, ef), true)
+    }
+
+    /// Sends every query `submit_held` holds; how many.
+    pub fn send_held(&self) -> Result<usize, SearchError> {
+        self.inner.slots.send_held().map_err(|why| self.inner.health.poison(why, true))
     }
 
     /// Submits with an explicit plan (measurements).
@@ -318,7 +330,7 @@ impl SearchServer {
         k: usize,
         plan: &QueryPlan,
     ) -> Result<Ticket, SearchError> {
-        Inner::submit(&self.inner, None, index, query, k, plan)
+        Inner::submit(&self.inner, None, index, query, k, plan, false)
     }
 
     /// Submits into one slot group (0..info().groups) only: for a caller that
@@ -331,7 +343,7 @@ impl SearchServer {
         k: usize,
         ef: usize,
     ) -> Result<Ticket, SearchError> {
-        Inner::submit(&self.inner, Some(group), index, query, k, &self.plan(k, ef))
+        Inner::submit(&self.inner, Some(group), index, query, k, &self.plan(k, ef), false)
     }
 
     /// The plan of each query of a batch: one CTA with a beam of
@@ -485,8 +497,8 @@ impl Inner {
         r
     }
 
-    /// Takes a slot and sends the query; the ticket holds a weak reference
-    /// to the server.
+    /// Takes a slot and sends the query (or holds it: `hold`); the ticket
+    /// holds a weak reference to the server.
     fn submit(
         this: &Arc<Inner>,
         group: Option<usize>,
@@ -494,6 +506,7 @@ impl Inner {
         query: &[f32],
         k: usize,
         plan: &QueryPlan,
+        hold: bool,
     ) -> Result<Ticket, SearchError> {
         this.health.usable()?;
         let res = this.registry.resident(index)?;
@@ -524,7 +537,7 @@ impl Inner {
         let sent = this
             .slots
             .order_after(slot, epoch, patched)
-            .and_then(|()| this.slots.send(slot, &mut st, &res, query, k, plan));
+            .and_then(|()| this.slots.send(slot, &mut st, &res, query, k, plan, hold));
         match sent {
             Ok(cmd) => Ok(Ticket { inner: Arc::downgrade(this), slot, cmd, done: false }),
             Err(why) => {

@@ -31,7 +31,7 @@ use super::plan::{QueryPlan, Sizing, FINISH_STRIDE_WORDS};
 use super::registry::Resident;
 use crate::abi::{self, RequestHead, ResultHead, ResultHit, SearchParams};
 use crate::error::{cuda, GpuError};
-use crate::memory::{device_addr, zeroed, Pinned, PlainDevice};
+use crate::memory::{device_addr, memcpy_htod_many, zeroed, Pinned, PlainDevice};
 
 /// One answered query with the kernel's work counters.
 #[derive(Clone, Debug)]
@@ -67,6 +67,9 @@ struct Group {
     free: Mutex<Vec<u32>>,
     /// the patches (Registry::patched) this stream is ordered after
     waited: AtomicU64,
+    /// requests filled but not sent yet, (slot, slot word, request bytes):
+    /// [`Slots::send_held`] sends them all with two driver calls
+    held: Mutex<Vec<(u32, u32, usize)>>,
 }
 
 pub(crate) struct Slots {
@@ -106,6 +109,7 @@ impl Slots {
                 stream,
                 free: Mutex::new((lo as u32..hi as u32).rev().collect()),
                 waited: AtomicU64::new(0),
+                held: Mutex::new(Vec::new()),
             });
         }
         let s = Slots {
@@ -230,8 +234,10 @@ impl Slots {
     }
 
     /// Fills the slot's request (the slot is ours, `st` its locked state),
-    /// copies it to the device and writes the slot word. Err: the driver's
-    /// error (the context is then unusable).
+    /// copies it to the device and writes the slot word, or with `hold`
+    /// leaves both to [`Slots::send_held`]. Err: the driver's error (the
+    /// context is then unusable).
+    #[allow(clippy::too_many_arguments)]
     pub fn send(
         &self,
         slot: u32,
@@ -240,8 +246,10 @@ impl Slots {
         query: &[f32],
         k: usize,
         plan: &QueryPlan,
+        hold: bool,
     ) -> Result<u32, String> {
-        let stream = &self.groups[self.group_of[slot as usize] as usize].stream;
+        let group = &self.groups[self.group_of[slot as usize] as usize];
+        let stream = &group.stream;
         let mut seq = st.seq + 1;
         if seq > abi::SEQ_LIMIT {
             // the 27-bit sequence would wrap: entries of old queries could
@@ -282,10 +290,6 @@ impl Slots {
             res.query_row(query, q);
             std::slice::from_raw_parts(base as *const u8, bytes)
         };
-        // SAFETY: the destination is this slot's request buffer; the source is
-        // pinned and stays untouched until the kernel has read it.
-        unsafe { result::memcpy_htod_async(device_addr(&self.reqs) + at as u64, src, stream.cu_stream()) }
-            .map_err(|e| format!("copying a query: {e:?}"))?;
         st.seq = seq;
         st.cmd = cmd;
         st.busy = true;
@@ -294,8 +298,91 @@ impl Slots {
         st.ctas = plan.ctas;
         st.k = k as u32;
         st.max_expand = plan.max_expand.max(1);
+        if hold {
+            group.held.lock().push((slot, cmd, src.len()));
+            return Ok(cmd);
+        }
+        // SAFETY: the destination is this slot's request buffer; the source is
+        // pinned and stays untouched until the kernel has read it.
+        unsafe { result::memcpy_htod_async(device_addr(&self.reqs) + at as u64, src, stream.cu_stream()) }
+            .map_err(|e| format!("copying a query: {e:?}"))?;
         self.write_cmd(slot, cmd)?;
         Ok(cmd)
+    }
+
+    /// Sends the requests `send` held, each group's with two driver calls
+    /// (one batch of copies, one batch of slot word writes) instead of two
+    /// a request: the worker's thread submits every query, and at 64
+    /// clients those calls were most of its time. Returns how many were
+    /// sent; Err: the driver's error (the context is then unusable).
+    pub fn send_held(&self) -> Result<usize, String> {
+        let mut sent = 0;
+        for g in &self.groups {
+            let held = std::mem::take(&mut *g.held.lock());
+            match held.as_slice() {
+                [] => continue,
+                &[(slot, cmd, bytes)] => {
+                    let at = slot as usize * self.z.req_stride;
+                    // SAFETY: as in `send`: the slot's staging bytes, filled there.
+                    let src = unsafe { std::slice::from_raw_parts(self.staging.ptr().add(at), bytes) };
+                    // SAFETY: as in `send`.
+                    unsafe {
+                        result::memcpy_htod_async(device_addr(&self.reqs) + at as u64, src, g.stream.cu_stream())
+                    }
+                    .map_err(|e| format!("copying a query: {e:?}"))?;
+                    self.write_cmd(slot, cmd)?;
+                }
+                many => {
+                    g.stream.context().bind_to_thread().map_err(|e| format!("binding the context: {e:?}"))?;
+                    let copies: Vec<(u64, *const u8, usize)> = many
+                        .iter()
+                        .map(|&(slot, _, bytes)| {
+                            let at = slot as usize * self.z.req_stride;
+                            // SAFETY: inside the staging buffer (as in `send`).
+                            (
+                                device_addr(&self.reqs) + at as u64,
+                                unsafe { self.staging.ptr().add(at) } as *const u8,
+                                bytes,
+                            )
+                        })
+                        .collect();
+                    // SAFETY: each slot's request buffer from its staging bytes,
+                    // untouched until the kernel has read them (as in `send`).
+                    unsafe { memcpy_htod_many(&g.stream, &copies) }.map_err(|e| format!("copying queries: {e:?}"))?;
+                    self.write_cmds(&g.stream, many)?;
+                }
+            }
+            sent += held.len();
+        }
+        Ok(sent)
+    }
+
+    /// The slot words of `held` on `stream`, in one cuStreamBatchMemOp a
+    /// chunk where the device takes stream memory operations.
+    fn write_cmds(&self, stream: &CudaStream, held: &[(u32, u32, usize)]) -> Result<(), String> {
+        // the driver takes at most 256 operations a call
+        const CHUNK: usize = 256;
+        if self.stream_mem_ops.is_err() {
+            return held.iter().try_for_each(|&(slot, cmd, _)| self.write_cmd(slot, cmd));
+        }
+        for chunk in held.chunks(CHUNK) {
+            let mut ops: Vec<sys::CUstreamBatchMemOpParams> = chunk
+                .iter()
+                .map(|&(slot, cmd, _)| {
+                    // SAFETY: plain old data; the write's fields set below.
+                    let mut op: sys::CUstreamBatchMemOpParams = unsafe { std::mem::zeroed() };
+                    op.writeValue.operation = sys::CUstreamBatchMemOpType::CU_STREAM_MEM_OP_WRITE_VALUE_32;
+                    op.writeValue.address = self.cmd.addr() + 4 * slot as u64;
+                    op.writeValue.__bindgen_anon_1.value = cmd;
+                    op
+                })
+                .collect();
+            // SAFETY: `ops` holds chunk.len() writes of slot words in `cmd`.
+            unsafe { sys::cuStreamBatchMemOp_v2(stream.cu_stream(), ops.len() as u32, ops.as_mut_ptr(), 0) }
+                .result()
+                .map_err(|e| format!("writing slot words: {}", err_name(e.0)))?;
+        }
+        Ok(())
     }
 
     /// Reads the finished query of `slot` (its finish word says `st.cmd`),

@@ -51,3 +51,26 @@ impl FilterRows for CpuFilters<'_> {
             .collect())
     }
 }
+
+/// A FilterRows that adds up the time spent in `inner` (a build's report of
+/// its filters' share).
+pub struct Timed<F> {
+    pub inner: F,
+    pub ms: f64,
+}
+
+impl<F: FilterRows> FilterRows for Timed<F> {
+    type Error = F::Error;
+
+    fn filter_rows(
+        &mut self,
+        filter: Filter,
+        rows: &[Vec<(u32, f32)>],
+        degree: usize,
+    ) -> Result<Vec<Vec<u32>>, F::Error> {
+        let t = std::time::Instant::now();
+        let kept = self.inner.filter_rows(filter, rows, degree);
+        self.ms += t.elapsed().as_secs_f64() * 1e3;
+        kept
+    }
+}

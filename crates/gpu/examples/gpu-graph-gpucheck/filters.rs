@@ -15,7 +15,7 @@ use std::time::Instant;
 use gpu_graph_engine::cfs::{refine, refine_with, Algorithm, CfsParams};
 use gpu_graph_engine::distance::l2sq;
 use gpu_graph_engine::filter::Filter;
-use gpu_graph_engine::filter_rows::{CpuFilters, FilterRows};
+use gpu_graph_engine::filter_rows::{CpuFilters, FilterRows, Timed};
 use gpu_graph_engine::graph::Graph;
 use gpu_graph_engine::params::BuildParams;
 use gpu_graph_engine::rnn_descent;
@@ -98,27 +98,6 @@ pub fn check(gpu: &Gpu, data: &Data, rows: usize, degree: usize, verdict: &mut V
                 note(integral)
             ),
         );
-    }
-}
-
-/// A FilterRows that adds up the time spent in `inner`.
-struct Timed<F> {
-    inner: F,
-    ms: f64,
-}
-
-impl<F: FilterRows> FilterRows for Timed<F> {
-    type Error = F::Error;
-    fn filter_rows(
-        &mut self,
-        filter: Filter,
-        rows: &[Vec<(u32, f32)>],
-        degree: usize,
-    ) -> Result<Vec<Vec<u32>>, F::Error> {
-        let t = Instant::now();
-        let r = self.inner.filter_rows(filter, rows, degree);
-        self.ms += t.elapsed().as_secs_f64() * 1e3;
-        r
     }
 }
 

@@ -55,6 +55,34 @@ typedef unsigned char u8;
 #define GG_GRNND_WARPS 8u
 #define GG_GRNND_SCRATCH_WORDS 6u
 
+// ----------------------------------------------- CFS filters (filter.cu)
+
+// filter_rows' rule: gpu_graph_engine::filter::Filter's variants
+#define GG_FILTER_RNG 0u
+#define GG_FILTER_NSG 1u
+#define GG_FILTER_VAMANA 2u
+#define GG_FILTER_CAGRA 3u
+// One warp per row, this many warps per block.
+#define GG_FILTER_WARPS 8u
+
+// filter_rows' one parameter (passed by value). Row r's candidates are
+// entries starts[r] .. starts[r + 1] of ids and dists, ascending by
+// (distance to the row's node, id), distinct, the node absent.
+struct FilterParams {
+    u64 vectors;  // n rows of dp floats (zero-padded)
+    u64 starts;   // rows + 1 u32
+    u64 ids;      // the candidates (u32)
+    u64 dists;    // their squared distances to the row's node (float)
+    u64 work;     // a u32 per candidate: CAGRA's detour counts
+    u64 out;      // rows x degree u32: the kept ids, GG_NO_NODE padded
+    u32 rows;
+    u32 degree;
+    u32 dp;
+    u32 lanes;  // lanes per distance, a power of two <= 32
+    u32 rule;   // GG_FILTER_*
+    float factor;  // Filter::factor: alpha squared for Vamana, else 1
+};
+
 // --------------------------------------------- exact k-NN (knn_exact.cu)
 
 #define GG_KNN_BM 128u      // rows of a block tile

@@ -40,8 +40,8 @@
 //     candidate: it is then removed ("mark n_far <- bot", Alg. 4 line 8) and
 //     the scan goes on with the current candidate. (GRNND's Eq. 2 prunes on
 //     strict <; one rule for every builder, insert and repair keeps the GPU
-//     and CPU graphs alike, and grnnd_prune below is checked list for list
-//     against the engine's rng_prune.)
+//     and CPU graphs alike, and filter.cu's RNG filter, the same occludes, is
+//     checked list for list against the engine's rng_prune.)
 //   * Old-old pairs are not re-tested: two candidates that both survived the
 //     previous round of the same pool were already tested against each other
 //     (Ono & Matsui's flags). An accepted candidate keeps its flag until the
@@ -548,49 +548,4 @@ extern "C" __global__ void grnnd_to_half(const float* __restrict__ X, u64 count,
         bad |= h2f(h) != x;
     }
     if (__any_sync(FULL_MASK, bad) && (threadIdx.x & 31) == 0) atomicOr(lossy, 1u);
-}
-
-// The one prune rule over given candidate lists (gpu_graph_engine::prune::
-// rng_prune): for each of `rows` rows, cand / cand_d hold C candidates of
-// node row_node[row] (GG_NO_NODE-padded) sorted by (distance to it, id); a
-// candidate is kept unless an already kept one occludes it (common.cuh's
-// occludes), until `degree` are kept. The kept ids go to out (rows x degree),
-// GG_NO_NODE after. One warp per row; each lane group of G computes one
-// candidate-to-kept distance. Dynamic shared memory: 2 * degree words per
-// warp (the kept ids and their distances). This is the re-prune a merge of
-// lists needs (insert, repair, the merge of shard graphs), and the build
-// check compares it with the engine's list for list.
-extern "C" __global__ void grnnd_prune(const void* __restrict__ X, u32 half, u32 dp, u32 G, u32 rows,
-                                       const u32* __restrict__ cand, const float* __restrict__ cand_d, u32 C,
-                                       u32 degree, u32* __restrict__ out) {
-    extern __shared__ u32 prune_words[];
-    const u32 lane = threadIdx.x & 31;
-    const u32 row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    if (row >= rows) return;  // whole warp
-    u32* kept = prune_words + (u64)(threadIdx.x >> 5) * 2 * degree;
-    float* kept_d = (float*)(kept + degree);
-    const Vecs V = {X, dp, half};
-    const u32 sub = lane & (G - 1), grp = lane / G, P = 32 / G;
-    u32 nk = 0;
-    for (u32 i = 0; i < C && nk < degree; ++i) {
-        const u32 c = cand[(u64)row * C + i];
-        if (c == GG_NO_NODE) break;
-        const float dc = cand_d[(u64)row * C + i];
-        bool occluded = false;
-        for (u32 b = 0; b < nk && !occluded; b += P) {
-            const u32 j = b + grp;
-            const bool act = j < nk;
-            const float between = group_dist(V, c, act ? kept[j] : 0u, sub, G, act);
-            occluded = __any_sync(FULL_MASK, act && sub == 0 && occludes(kept_d[j < nk ? j : 0], dc, between));
-        }
-        if (!occluded) {
-            if (lane == 0) {
-                kept[nk] = c;
-                kept_d[nk] = dc;
-            }
-            ++nk;
-            __syncwarp();
-        }
-    }
-    for (u32 j = lane; j < degree; j += 32) out[(u64)row * degree + j] = j < nk ? kept[j] : GG_NO_NODE;
 }

@@ -122,6 +122,14 @@ fn notice_built(
         Device::Cpu { threads } => format!("the CPU with {threads} threads"),
         Device::Gpu { name } => format!("the GPU ({name})"),
     };
+    if let Some(c) = &built.cfs {
+        device += &format!(
+            " (CFS refinement {:.2} s of it, {:.2} s filtering on the {})",
+            c.total_ms / 1000.0,
+            c.filter_ms / 1000.0,
+            if c.filters_on_gpu { "GPU" } else { "CPU" }
+        );
+    }
     if let Some(st) = &built.shards {
         device += &format!(
             " in {} shards (at most {} rows, overlap {:.2}; partition {:.2} s, merge {:.2} s, {:.2} s of it making every node reachable, {} linked)",
@@ -399,7 +407,7 @@ pub unsafe extern "C-unwind" fn ambuild(
         built.construct_ms += ms(t);
     }
     if let Some(cfs) = &cfs {
-        super::construct::refine(&mut built, &loader.vectors, loader.stored_dim.max(1), cfs);
+        super::refine::refine(&mut built, &loader.vectors, loader.stored_dim.max(1), cfs);
     }
 
     report(pg_sys::PROGRESS_CREATEIDX_SUBPHASE, PHASE_GRAPH);

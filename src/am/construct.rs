@@ -7,7 +7,6 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, OnceLock};
 use std::time::{Duration, Instant};
 
-use gpu_graph_engine::cfs::{self, CfsParams};
 use gpu_graph_engine::cost;
 use gpu_graph_engine::graph::Graph;
 use gpu_graph_engine::params::BuildParams;
@@ -35,6 +34,8 @@ pub struct Constructed {
     pub download_ms: f32,
     /// a build in shards
     pub shards: Option<ShardStats>,
+    /// the CFS refinement, when the index's algorithm has one
+    pub cfs: Option<super::refine::CfsStats>,
 }
 
 /// Tells the GPU thread to stop at its next round. Set on the way out of the
@@ -48,7 +49,7 @@ pub struct Constructed {
 /// set while the backend holds interrupts off, so reading it aborted long
 /// builds nobody cancelled. Deciding what an interrupt means is
 /// ProcessInterrupts' job, on the backend thread.
-struct StopOnDrop<'a>(&'a Watch);
+pub(super) struct StopOnDrop<'a>(pub(super) &'a Watch);
 
 impl Drop for StopOnDrop<'_> {
     fn drop(&mut self) {
@@ -59,7 +60,7 @@ impl Drop for StopOnDrop<'_> {
 /// Between the GPU thread and the backend: the stop flag, and the rounds
 /// done, which the backend reports as the CPU build does.
 #[derive(Default)]
-struct Watch {
+pub(super) struct Watch {
     stop: AtomicBool,
     done: AtomicUsize,
     total: AtomicUsize,
@@ -85,7 +86,7 @@ impl Control for Watch {
 impl Watch {
     /// The backend's turn while a GPU thread builds: the rounds done into
     /// the progress view, and any interrupt served (a cancel raises here).
-    fn waiting(&self) {
+    pub(super) fn waiting(&self) {
         report_rounds(self.done.load(Ordering::Relaxed), self.total.load(Ordering::Relaxed));
         pg_sys::check_for_interrupts!();
     }
@@ -93,7 +94,7 @@ impl Watch {
 
 /// A build's rounds in pg_stat_progress_create_index (tuples done / total,
 /// as PostgreSQL's view names its counters).
-fn report_rounds(done: usize, total: usize) {
+pub(super) fn report_rounds(done: usize, total: usize) {
     // SAFETY: updates this backend's own progress entry, on its own thread.
     unsafe {
         pg_sys::pgstat_progress_update_param(pg_sys::PROGRESS_CREATEIDX_TUPLES_TOTAL as i32, total as i64);
@@ -175,6 +176,7 @@ fn on_gpu(
             construct_ms: (t.knn_ms + t.refine_ms + t.final_cut_ms) as f32,
             download_ms: t.download_ms as f32,
             shards: None,
+            cfs: None,
         });
     }
     let max_rows = shard_rows_on_gpu(budget, usable, stored_dim, params, knn)?;
@@ -217,6 +219,7 @@ fn on_gpu(
         construct_ms: t.elapsed().as_secs_f32() * 1000.0,
         download_ms: 0.0,
         shards: Some(stats),
+        cfs: None,
     })
 }
 
@@ -236,22 +239,8 @@ fn on_cpu(vectors: &[f32], stored_dim: usize, params: &BuildParams) -> Construct
         construct_ms: t.elapsed().as_secs_f32() * 1000.0,
         download_ms: 0.0,
         shards: None,
+        cfs: None,
     }
-}
-
-/// Turns RNN-Descent's graph into the CFS graph `cfs` asks for, on all
-/// cores (after a GPU build too: the GPU's filters are not written yet);
-/// its time counts as graph construction.
-pub fn refine(built: &mut Constructed, vectors: &[f32], stored_dim: usize, cfs: &CfsParams) {
-    let t = Instant::now();
-    built.graph = cfs::refine(vectors, stored_dim, &built.graph, cfs, &mut |done: usize, all: usize| {
-        // the engine calls back on the calling (backend) thread
-        report_rounds(done, all);
-        pg_sys::check_for_interrupts!();
-        true
-    })
-    .unwrap_or_else(|| error!("gpu_graph: index build cancelled"));
-    built.construct_ms += t.elapsed().as_secs_f32() * 1000.0;
 }
 
 /// Builds the graph over `rows` stored vectors. `meanwhile` (PostgreSQL work
@@ -568,6 +557,7 @@ pub fn construct_paged(b: PagedBuild) -> Constructed {
         construct_ms: t.elapsed().as_secs_f32() * 1000.0,
         download_ms: 0.0,
         shards: stats,
+        cfs: None,
     }
 }
 

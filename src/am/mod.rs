@@ -11,6 +11,7 @@ pub mod loader;
 pub mod options;
 pub mod paged;
 pub mod parallel_scan;
+pub mod refine;
 pub mod relation;
 pub mod scan;
 pub mod streamed;

@@ -5,7 +5,8 @@
 //! - Collect: the nodes a search for the node's vector finds over the start
 //!   graph (beam `pool`: the "path" collect) and the node's own start list
 //!   (the "1-hop" collect).
-//! - Filter: the graph's [`Filter`] over the `pool` nearest of them.
+//! - Filter: the graph's [`Filter`] over the `pool` nearest of them, a
+//!   batch of nodes at a time by a [`FilterRows`] (the CPU's or the GPU's).
 //! - Store: every kept edge offered back to its target (reverse edges); a
 //!   list then over the degree is filtered again by the same filter; TSDG
 //!   orders each list by (lambda, distance) ([`tsdg_order`]); last, every
@@ -16,10 +17,13 @@
 //! The start graph is RNN-Descent's: the search of the collect needs a
 //! navigable graph, and its lists are the 1-hop candidates.
 
+use std::ops::Range;
+
 use rayon::prelude::*;
 
 use crate::candidates::Candidates;
 use crate::filter::{tsdg_order, Filter};
+use crate::filter_rows::{CpuFilters, FilterRows};
 use crate::graph::Graph;
 use crate::metric::Metric;
 use crate::rnn_descent::Progress;
@@ -102,8 +106,8 @@ impl GraphView for View<'_> {
 }
 
 /// The graph of `params.algorithm` over `vectors` (n × `dim` stored
-/// vectors), from `start` (same nodes, its entry kept). None when
-/// `progress` says stop.
+/// vectors), from `start` (same nodes, its entry kept), filtered on all
+/// rayon threads. None when `progress` says stop.
 pub fn refine(
     vectors: &[f32],
     dim: usize,
@@ -111,24 +115,48 @@ pub fn refine(
     params: &CfsParams,
     progress: &mut dyn Progress,
 ) -> Option<Graph> {
+    let Ok(g) = refine_with(vectors, dim, start, params, &mut CpuFilters { vectors, dim }, progress);
+    g
+}
+
+/// [`refine`] with the filter step done by `filters` (the GPU's, say), a
+/// batch of rows per step; the collect's searches, the reverse edges, TSDG's
+/// order and `connect` stay here, on all rayon threads. Fails only when
+/// `filters` does.
+pub fn refine_with<F: FilterRows>(
+    vectors: &[f32],
+    dim: usize,
+    start: &Graph,
+    params: &CfsParams,
+    filters: &mut F,
+    progress: &mut dyn Progress,
+) -> Result<Option<Graph>, F::Error> {
     let n = vectors.len().checked_div(dim).unwrap_or(0);
     let (degree, pool, filter) = (params.degree, params.pool.max(params.degree), params.algorithm.filter());
     let start_view = View { vectors, dim, degree: start.degree, adjacency: &start.adjacency, entry: start.entry };
     let row = |v: usize| &vectors[v * dim..(v + 1) * dim];
+    // the `pool` nearest of `ids` (ascending, as a filter reads them)
+    let nearest = |v: usize, ids: Vec<u32>, pool: usize| Candidates::collect(&start_view, row(v), ids).nearest(pool).0;
     let steps = 2 * n.div_ceil(STEP) + 1;
     let mut done = 0;
     // collect and filter
-    let lists = in_steps(n, &mut done, steps, progress, |v| {
-        // L2 over stored vectors is the graph distance, whatever the SQL metric
-        let mut search = Search::new(&start_view, Metric::L2, row(v));
-        let mut ids: Vec<u32> = search.next_round(&start_view, pool).iter().map(|h| h.node).collect();
-        ids.extend(start.neighbors(v as u32));
-        ids.sort_unstable();
-        ids.dedup();
-        ids.retain(|&x| x != v as u32);
-        let kept = Candidates::collect(&start_view, row(v), ids).filter(filter, pool, degree);
-        kept.into_iter().map(|k| k.0).collect::<Vec<u32>>()
+    let lists = in_steps(n, &mut done, steps, progress, |nodes| {
+        let rows: Vec<Vec<(u32, f32)>> = nodes
+            .into_par_iter()
+            .map(|v| {
+                // L2 over stored vectors is the graph distance, whatever the SQL metric
+                let mut search = Search::new(&start_view, Metric::L2, row(v));
+                let mut ids: Vec<u32> = search.next_round(&start_view, pool).iter().map(|h| h.node).collect();
+                ids.extend(start.neighbors(v as u32));
+                ids.sort_unstable();
+                ids.dedup();
+                ids.retain(|&x| x != v as u32);
+                nearest(v, ids, pool)
+            })
+            .collect();
+        filters.filter_rows(filter, &rows, degree)
     })?;
+    let Some(lists) = lists else { return Ok(None) };
     // store: reverse edges, full lists filtered again, TSDG's order
     let mut incoming: Vec<Vec<u32>> = vec![Vec::new(); n];
     for (v, list) in lists.iter().enumerate() {
@@ -136,23 +164,36 @@ pub fn refine(
             incoming[u as usize].push(v as u32);
         }
     }
-    let stored = in_steps(n, &mut done, steps, progress, |u| {
-        let mut ids = lists[u].clone();
-        ids.extend(&incoming[u]);
-        ids.sort_unstable();
-        ids.dedup();
-        let c = Candidates::collect(&start_view, row(u), ids);
-        let list = if c.len() > degree { c.filter(filter, usize::MAX, degree) } else { c.nearest(usize::MAX).0 };
-        let list = match params.algorithm {
-            Algorithm::Tsdg { max_lambda, .. } => {
+    let stored = in_steps(n, &mut done, steps, progress, |nodes| {
+        let first = nodes.start;
+        let mut rows: Vec<Vec<(u32, f32)>> = nodes
+            .into_par_iter()
+            .map(|u| {
+                let mut ids = lists[u].clone();
+                ids.extend(&incoming[u]);
+                ids.sort_unstable();
+                ids.dedup();
+                nearest(u, ids, usize::MAX)
+            })
+            .collect();
+        // only the lists over the degree are filtered again
+        let over: Vec<usize> = (0..rows.len()).filter(|&i| rows[i].len() > degree).collect();
+        let full: Vec<Vec<(u32, f32)>> = over.iter().map(|&i| std::mem::take(&mut rows[i])).collect();
+        let kept = filters.filter_rows(filter, &full, degree)?;
+        let mut out: Vec<Vec<u32>> = rows.into_iter().map(|r| r.into_iter().map(|k| k.0).collect()).collect();
+        for (i, list) in over.into_iter().zip(kept) {
+            out[i] = list;
+        }
+        if let Algorithm::Tsdg { max_lambda, .. } = params.algorithm {
+            out.par_iter_mut().enumerate().for_each(|(i, list)| {
                 let (cands, vecs) =
-                    Candidates::collect(&start_view, row(u), list.iter().map(|k| k.0)).nearest(usize::MAX);
-                tsdg_order(&cands, &vecs, dim, max_lambda)
-            }
-            _ => list,
-        };
-        list.into_iter().map(|k| k.0).collect::<Vec<u32>>()
+                    Candidates::collect(&start_view, row(first + i), list.iter().copied()).nearest(usize::MAX);
+                *list = tsdg_order(&cands, &vecs, dim, max_lambda).into_iter().map(|k| k.0).collect();
+            });
+        }
+        Ok(out)
     })?;
+    let Some(stored) = stored else { return Ok(None) };
     drop(lists);
     let mut adjacency = vec![NO_NODE; n * degree];
     for (v, list) in stored.iter().enumerate() {
@@ -162,29 +203,29 @@ pub fn refine(
     connect(vectors, dim, degree, &mut adjacency, start.entry, pool);
     done += 1;
     if !progress.round(done, steps) {
-        return None;
+        return Ok(None);
     }
-    Some(Graph { degree, adjacency, entry: start.entry })
+    Ok(Some(Graph { degree, adjacency, entry: start.entry }))
 }
 
-/// `f` of every node 0..n on all threads, STEP nodes at a time, reporting
-/// each step to `progress` (on this thread); None when it says stop.
-fn in_steps<T: Send>(
+/// `step` over the nodes 0..n, STEP of them at a time, reporting each step
+/// to `progress` (on this thread); Ok(None) when it says stop.
+fn in_steps<T, E>(
     n: usize,
     done: &mut usize,
     steps: usize,
     progress: &mut dyn Progress,
-    f: impl Fn(usize) -> T + Sync,
-) -> Option<Vec<T>> {
+    mut step: impl FnMut(Range<usize>) -> Result<Vec<T>, E>,
+) -> Result<Option<Vec<T>>, E> {
     let mut out = Vec::with_capacity(n);
     for first in (0..n).step_by(STEP) {
-        out.par_extend((first..(first + STEP).min(n)).into_par_iter().map(&f));
+        out.extend(step(first..(first + STEP).min(n))?);
         *done += 1;
         if !progress.round(*done, steps) {
-            return None;
+            return Ok(None);
         }
     }
-    Some(out)
+    Ok(Some(out))
 }
 
 /// Makes every node reachable from `entry`: a node no walk reaches is
@@ -244,5 +285,92 @@ mod tests {
         walk(&adjacency, 2, 0, &mut reached);
         assert!(reached.iter().all(|&r| r), "{adjacency:?}");
         assert_eq!(links, 1, "linking 2 reaches 3 through it: {adjacency:?}");
+    }
+
+    /// 1,500 points of small integer coordinates (exact distances, some
+    /// duplicates) and their exact 12-NN graph as the start.
+    pub(crate) fn synthetic() -> (Vec<f32>, usize, Graph) {
+        let (n, dim, k) = (1500usize, 6usize, 12usize);
+        let mut rng = crate::random::SplitMix64(7);
+        let vectors: Vec<f32> = (0..n * dim).map(|_| rng.below(12) as f32).collect();
+        let row = |i: usize| &vectors[i * dim..(i + 1) * dim];
+        let mut adjacency = Vec::with_capacity(n * k);
+        for v in 0..n {
+            let mut all: Vec<(f32, u32)> =
+                (0..n).filter(|&u| u != v).map(|u| (crate::metric::graph_distance(row(v), row(u)), u as u32)).collect();
+            all.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+            adjacency.extend(all[..k].iter().map(|x| x.1));
+        }
+        (vectors, dim, Graph { degree: k, adjacency, entry: Some(0) })
+    }
+
+    /// FNV-1a of a graph's lists.
+    pub(crate) fn fingerprint(g: &Graph) -> u64 {
+        g.adjacency.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &x| (h ^ x as u64).wrapping_mul(0x100_0000_01b3))
+    }
+
+    /// The graphs of every algorithm on the synthetic set, as they were
+    /// before the filter step became pluggable (fingerprints taken then).
+    #[test]
+    fn graphs_as_before() {
+        let (vectors, dim, start) = synthetic();
+        for (algorithm, want) in [
+            (Algorithm::Nsg, 3094084645836247716u64),
+            (Algorithm::Vamana { alpha: 1.2 }, 1889142407728006807),
+            (Algorithm::Cagra, 17756186933247500228),
+            (Algorithm::Tsdg { alpha: 1.2, max_lambda: 4 }, 8325050092476221709),
+        ] {
+            let p = CfsParams { algorithm, degree: 10, pool: 24 };
+            let g = refine(&vectors, dim, &start, &p, &mut |_: usize, _: usize| true).expect("not cancelled");
+            assert_eq!(fingerprint(&g), want, "{algorithm:?}");
+        }
+    }
+
+    /// A FilterRows that checks each row's order, filters it alone and
+    /// fails at call `fail_at`.
+    struct OneByOne<'a> {
+        vectors: &'a [f32],
+        dim: usize,
+        calls: usize,
+        fail_at: usize,
+    }
+
+    impl FilterRows for OneByOne<'_> {
+        type Error = String;
+        fn filter_rows(
+            &mut self,
+            filter: Filter,
+            rows: &[Vec<(u32, f32)>],
+            degree: usize,
+        ) -> Result<Vec<Vec<u32>>, String> {
+            self.calls += 1;
+            if self.calls == self.fail_at {
+                return Err("failed".into());
+            }
+            let mut cpu = CpuFilters { vectors: self.vectors, dim: self.dim };
+            let mut out = Vec::new();
+            for row in rows {
+                assert!(row.windows(2).all(|w| (w[0].1, w[0].0) < (w[1].1, w[1].0)), "ascending, distinct");
+                let Ok(kept) = cpu.filter_rows(filter, std::slice::from_ref(row), degree);
+                out.extend(kept);
+            }
+            Ok(out)
+        }
+    }
+
+    #[test]
+    fn pluggable_filters_give_the_same_graph() {
+        let (vectors, dim, start) = synthetic();
+        for algorithm in [Algorithm::Nsg, Algorithm::Cagra, Algorithm::Tsdg { alpha: 1.2, max_lambda: 4 }] {
+            let p = CfsParams { algorithm, degree: 10, pool: 24 };
+            let mut f = OneByOne { vectors: &vectors, dim, calls: 0, fail_at: 0 };
+            let g = refine_with(&vectors, dim, &start, &p, &mut f, &mut |_: usize, _: usize| true);
+            let want = refine(&vectors, dim, &start, &p, &mut |_: usize, _: usize| true);
+            assert_eq!(g, Ok(want), "{algorithm:?}");
+            assert_eq!(f.calls, 2, "one batch for the collect, one for the store");
+            let mut f = OneByOne { vectors: &vectors, dim, calls: 0, fail_at: 2 };
+            let g = refine_with(&vectors, dim, &start, &p, &mut f, &mut |_: usize, _: usize| true);
+            assert_eq!(g, Err("failed".to_string()), "a failing filter fails the refine");
+        }
     }
 }

@@ -25,6 +25,16 @@ pub enum Filter {
 }
 
 impl Filter {
+    /// The factor on the candidate-to-kept distance in Vamana's test: alpha
+    /// squared (distances are squared); 1 for the others. The GPU's filter
+    /// takes it from here.
+    pub fn factor(self) -> f32 {
+        match self {
+            Filter::Vamana { alpha } => alpha * alpha,
+            _ => 1.0,
+        }
+    }
+
     /// The kept candidates, at most `degree`. `cands`: (id, squared
     /// distance to the node), ascending, distinct, the node absent;
     /// `vectors` their stored vectors in that order.
@@ -37,17 +47,12 @@ impl Filter {
                 // the duplicate exception of the RNG rule, with a strict test
                 (kd != 0.0 || cd == 0.0) && graph_distance(row(i), row(k)) < cd
             }),
-            Filter::Vamana { alpha } => {
-                let a2 = alpha * alpha;
+            Filter::Vamana { .. } => {
+                let a2 = self.factor();
                 greedy(cands, degree, |k, i| occludes(cands[k].1, cands[i].1, || a2 * graph_distance(row(i), row(k))))
             }
             Filter::Cagra => {
-                let detours: Vec<usize> = (0..cands.len())
-                    .map(|i| {
-                        let cd = cands[i].1;
-                        (0..i).filter(|&k| cands[k].1 < cd && graph_distance(row(i), row(k)) < cd).count()
-                    })
-                    .collect();
+                let detours = detours(cands, vectors, dim);
                 let mut order: Vec<usize> = (0..cands.len()).collect();
                 order.sort_by_key(|&i| (detours[i], i));
                 order.truncate(degree);
@@ -73,18 +78,29 @@ fn greedy(cands: &[(u32, f32)], degree: usize, occluded: impl Fn(usize, usize) -
     kept.into_iter().map(|k| cands[k]).collect()
 }
 
+/// For each candidate `i` (ascending, `vectors` theirs), how many nearer
+/// ones `k` offer a detour: d(v, k) < d(v, i) and d(k, i) < d(v, i). CAGRA's
+/// rank and TSDG's lambda.
+fn detours(cands: &[(u32, f32)], vectors: &[f32], dim: usize) -> Vec<usize> {
+    let row = |i: usize| &vectors[i * dim..(i + 1) * dim];
+    (0..cands.len())
+        .map(|i| {
+            let cd = cands[i].1;
+            (0..i).filter(|&k| cands[k].1 < cd && graph_distance(row(i), row(k)) < cd).count()
+        })
+        .collect()
+}
+
 /// TSDG's second stage on one list (ascending distance, `vectors` its
 /// stored vectors): each edge's lambda, how many other edges of the list
 /// occlude it at alpha 1 (a nearer neighbour k with d(k, c) < d(v, c));
 /// returns the list ordered by (lambda, distance) without the edges whose
 /// lambda exceeds `max_lambda`, so that a prefix is itself a good list.
 pub fn tsdg_order(list: &[(u32, f32)], vectors: &[f32], dim: usize, max_lambda: usize) -> Vec<(u32, f32)> {
-    let row = |i: usize| &vectors[i * dim..(i + 1) * dim];
-    let mut keyed: Vec<(usize, usize)> = (0..list.len())
-        .map(|i| {
-            let cd = list[i].1;
-            ((0..i).filter(|&k| list[k].1 < cd && graph_distance(row(i), row(k)) < cd).count(), i)
-        })
+    let mut keyed: Vec<(usize, usize)> = detours(list, vectors, dim)
+        .into_iter()
+        .enumerate()
+        .map(|(i, lambda)| (lambda, i))
         .filter(|&(lambda, _)| lambda <= max_lambda)
         .collect();
     keyed.sort_unstable();

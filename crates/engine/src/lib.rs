@@ -13,6 +13,7 @@ pub mod cost;
 pub mod dataset;
 pub mod distance;
 pub mod filter;
+pub mod filter_rows;
 pub mod flat;
 pub mod graph;
 pub mod idset;

@@ -53,6 +53,12 @@ abi_consts! {
     STAT_COUNT: u32 = 4;
     GRNND_WARPS: u32 = 8;
     GRNND_SCRATCH_WORDS: u32 = 6;
+    // the CFS filters
+    FILTER_RNG: u32 = 0;
+    FILTER_NSG: u32 = 1;
+    FILTER_VAMANA: u32 = 2;
+    FILTER_CAGRA: u32 = 3;
+    FILTER_WARPS: u32 = 8;
     // exact k-NN tiles
     KNN_BM: u32 = 128;
     KNN_BN: u32 = 128;
@@ -81,6 +87,22 @@ pub const fn search_smem_bytes(max_qwords: u32, list_cap: u32) -> u32 {
 }
 
 abi_structs! {
+    /// filter_rows' one parameter, passed by value.
+    pub struct FilterParams {
+        pub vectors: u64,
+        pub starts: u64,
+        pub ids: u64,
+        pub dists: u64,
+        pub work: u64,
+        pub out: u64,
+        pub rows: u32,
+        pub degree: u32,
+        pub dp: u32,
+        pub lanes: u32,
+        pub rule: u32,
+        pub factor: f32,
+    }
+
     /// A resident index, one entry of the index table in device memory.
     pub struct IndexDesc {
         pub vectors: u64,
@@ -178,6 +200,8 @@ abi_structs! {
 unsafe impl DeviceRepr for SearchParams {}
 // SAFETY: as for SearchParams.
 unsafe impl DeviceRepr for BatchParams {}
+// SAFETY: as for SearchParams.
+unsafe impl DeviceRepr for FilterParams {}
 
 /// The slot word of query `seq` searched by `ctas` CTAs.
 pub fn cmd_word(seq: u32, ctas: u32) -> u32 {

@@ -38,6 +38,8 @@ pub struct Gpu {
     pub(crate) grnnd: Arc<CudaModule>,
     /// knn_exact.cu compiled for 32- and 64-entry lists
     knn: [OnceLock<Result<Arc<CudaModule>, GpuError>>; 2],
+    /// filter.cu (the CFS filters)
+    filter: OnceLock<Result<Arc<CudaModule>, GpuError>>,
     /// ms spent compiling and loading kernels by `open` (0 when the process
     /// had compiled them before)
     pub compile_ms: f64,
@@ -101,7 +103,15 @@ impl Gpu {
             let t0 = std::time::Instant::now();
             let grnnd = load_module(&ctx, &nvrtc::RNN_DESCENT, &info.target, &[])?;
             let compile_ms = t0.elapsed().as_secs_f64() * 1e3;
-            Ok(Gpu { ctx, stream, info, grnnd, knn: [OnceLock::new(), OnceLock::new()], compile_ms })
+            Ok(Gpu {
+                ctx,
+                stream,
+                info,
+                grnnd,
+                knn: [OnceLock::new(), OnceLock::new()],
+                filter: OnceLock::new(),
+                compile_ms,
+            })
         })
     }
 
@@ -140,6 +150,13 @@ impl Gpu {
                 load_module(&self.ctx, &nvrtc::KNN_EXACT, &self.info.target, &[format!("-DKNN_LPL={}", i + 1)])
             })
             .clone()
+    }
+}
+
+impl Gpu {
+    /// The CFS filters' kernel, compiled on first use.
+    pub(crate) fn filter_module(&self) -> Result<Arc<CudaModule>, GpuError> {
+        self.filter.get_or_init(|| load_module(&self.ctx, &nvrtc::FILTER, &self.info.target, &[])).clone()
     }
 }
 

@@ -10,19 +10,20 @@
 //! - [`build`]: the GRNND graph build (kernels/rnn_descent.cu) from a random
 //!   or an exact k-NN start, with the engine's final cut.
 //! - [`knn_graph`]: the exact k-NN graph on tensor cores (kernels/knn_exact.cu).
-//! - [`prune::prune_lists`]: the engine's prune rule over given lists.
+//! - [`filter::GpuFilters`]: the engine's CFS filters (RNG, NSG, Vamana,
+//!   CAGRA) over batches of candidate rows (kernels/filter.cu).
 //! - [`search`]: the persistent search kernel (kernels/search_persistent.cu)
 //!   and its host side, for the search worker.
 
 pub mod abi;
 pub mod device;
 pub mod error;
+pub mod filter;
 pub mod grnnd;
 pub mod knn;
 pub mod loader;
 pub mod memory;
 pub mod nvrtc;
-pub mod prune;
 pub mod search;
 mod vectors;
 

@@ -35,9 +35,10 @@ pub const KNN_EXACT: KernelSource =
     KernelSource { name: "knn_exact.cu", src: include_str!("../../../kernels/knn_exact.cu") };
 pub const SEARCH_PERSISTENT: KernelSource =
     KernelSource { name: "search_persistent.cu", src: include_str!("../../../kernels/search_persistent.cu") };
+pub const FILTER: KernelSource = KernelSource { name: "filter.cu", src: include_str!("../../../kernels/filter.cu") };
 
 /// Every kernel file, for the compile check.
-pub const ALL: &[KernelSource] = &[RNN_DESCENT, KNN_EXACT, SEARCH_PERSISTENT];
+pub const ALL: &[KernelSource] = &[RNN_DESCENT, KNN_EXACT, SEARCH_PERSISTENT, FILTER];
 
 /// The headers every kernel may include by name: the host–kernel ABI and the
 /// shared device helpers.

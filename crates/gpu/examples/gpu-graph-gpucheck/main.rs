@@ -10,8 +10,11 @@
 //! 3. searches both graphs with the engine's search and prints recall@10 at
 //!    ef 10/20/40/80 (tie-aware, against exact ground truth);
 //! 4. a cancelled build stops promptly and frees its memory;
-//! 5. the GPU's prune of candidate lists (grnnd_prune, the same `occludes`
-//!    as GRNND's update) equals the engine's rng_prune list for list;
+//! 5. the GPU's CFS filters (kernels/filter.cu: RNG, the same `occludes`
+//!    as GRNND's update; NSG; Vamana; CAGRA) equal the engine's
+//!    Filter::apply list for list, each side timed on the same candidates;
+//!    CFS refinements with the GPU's filters equal the CPU's graph for
+//!    graph;
 //! 6. the exact k-NN graph of the GPU equals brute force on a sample.
 //!
 //! Exits 1 if the GPU's recall is more than 0.01 below the CPU's at some ef,
@@ -24,8 +27,8 @@
 
 #[path = "../common/mod.rs"]
 mod common;
+mod filters;
 mod knn;
-mod prune;
 
 use std::time::Instant;
 
@@ -41,7 +44,7 @@ use gpu_graph_gpu::{build_with, Gpu, GpuError, GpuOptions, KnnInit, ScanOrder};
 const EFS: [usize; 4] = [10, 20, 40, 80];
 
 #[derive(Parser)]
-#[command(about = "GPU graph builders against the CPU builder, exact k-NN and prune parity")]
+#[command(about = "GPU graph builders against the CPU builder, exact k-NN and CFS filter parity")]
 struct Opts {
     #[command(flatten)]
     data: DataArgs,
@@ -59,7 +62,7 @@ struct Opts {
     /// Skip the CPU build and the recall comparison.
     #[arg(long)]
     no_cpu: bool,
-    /// Skip every build (the k-NN and prune checks only).
+    /// Skip every GPU build (the k-NN and filter checks only).
     #[arg(long)]
     skip_builds: bool,
     #[arg(long)]
@@ -76,9 +79,12 @@ struct Opts {
     /// Exact against random start at these row counts (time and recall).
     #[arg(long, value_delimiter = ',')]
     knn_bench: Vec<usize>,
-    /// Rows whose candidate lists the prune check compares.
-    #[arg(long, default_value_t = 2000)]
-    prune_rows: usize,
+    /// Rows whose candidate lists the filter check compares.
+    #[arg(long, alias = "prune-rows", default_value_t = 2000)]
+    filter_rows: usize,
+    /// Rows of the CFS refinement check (0: none).
+    #[arg(long, default_value_t = 20_000)]
+    cfs_rows: usize,
     /// Print one line per GRNND round.
     #[arg(long)]
     verbose: bool,
@@ -270,7 +276,8 @@ fn main() {
             cancel_test(&gpu, &data, &params, &mut verdict);
         }
     }
-    prune::check(&gpu, &data, o.prune_rows, params.degree, &mut verdict);
+    filters::check(&gpu, &data, o.filter_rows, params.degree, &mut verdict);
+    filters::refine_check(&gpu, &data, o.cfs_rows, &params, &mut verdict);
     let kn = o.knn_check_rows.unwrap_or(data.base.len()).min(data.base.len());
     for &k in &o.knn_k {
         knn::check(&gpu, &data, kn, k, o.knn_sample, &mut verdict);

@@ -68,10 +68,13 @@ cat >$w/knn.sql <<'SQL'
 \set qid random(0, 999)
 SELECT id FROM items ORDER BY embedding <-> (SELECT v FROM queries WHERE id = :qid) LIMIT 10;
 SQL
-# a query vector of 0-499, jittered: a new row near the data
+# a query vector of 0-499, jittered: a new row near the data (the vector
+# found by its key: `id = (random() * 499)::int` is volatile, a scan of the
+# whole queries table with a random() a row, and was a tenth of an insert)
 cat >$w/insert.sql <<'SQL'
+\set rid random(0, 499)
 INSERT INTO items SELECT -nextval('new_ids'), (SELECT array_agg(x + (random() * 0.5)::real) FROM unnest(v) x)
-  FROM queries WHERE id = (random() * 499)::int;
+  FROM queries WHERE id = :rid;
 SQL
 cat >$w/delete.sql <<'SQL'
 WITH d AS (DELETE FROM items WHERE id = (SELECT max(id) FROM items WHERE id < 0 AND id > -1000000000) RETURNING id)

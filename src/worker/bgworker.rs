@@ -231,12 +231,6 @@ struct Worker {
     waker: Option<Waker>,
 }
 
-/// Searches in flight from which answered backends are woken by the
-/// waker's thread: below, this thread has time for the signal, and a waker
-/// spinning for answers took a core from 16 clients (-8% of their
-/// queries/s on the H200) where it gave 64 clients +27%.
-const HAND_OFF: usize = 24;
-
 /// How long an unused batch segment stays mapped.
 const SEGMENT_KEEP: Duration = Duration::from_secs(1);
 
@@ -487,9 +481,8 @@ impl Worker {
         add(&c.answered, 1);
         if slot.answer(f.seq) {
             match &self.waker {
-                // busy: this thread is the limit, the waker takes the signal
-                Some(w) if self.inflight.len() >= HAND_OFF => w.wake(procno),
-                _ => set_latch(procno),
+                Some(w) => w.wake(procno),
+                None => set_latch(procno),
             }
         }
     }

@@ -3,9 +3,8 @@
 //! microseconds of the calling thread, the signal's delivery included, for
 //! every answer. The worker's one thread submits, polls and answers every
 //! query of every backend; at 64 clients and over 100k queries/s those
-//! signals took a large share of it, so when it is busy they go to this
-//! thread instead, which spins while answers keep coming and parks when
-//! they stop.
+//! signals took a large share of it, so they go to this thread instead,
+//! which spins while answers keep coming and parks when they stop.
 //!
 //! The thread makes no PostgreSQL call (pgrx refuses them off the main
 //! thread): it sets a latch as SetLatch does for another process's latch,
@@ -20,7 +19,7 @@ use parking_lot::Mutex;
 use pgrx::pg_sys;
 
 /// How long the thread spins for the next answer before it parks.
-const SPIN: Duration = Duration::from_micros(200);
+const SPIN: Duration = Duration::from_micros(500);
 
 struct Shared {
     /// PGPROC numbers of the backends to wake

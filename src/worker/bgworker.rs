@@ -35,7 +35,6 @@ use super::residency::{Lookup, Residency};
 use super::ring::{Request, State, MAX_HITS};
 use super::shmem::{shared, Shared};
 use super::stats::{add, Counters};
-use super::waker::Waker;
 use super::{nap, set_latch, sleep};
 use crate::gucs::{WorkerDevice, WorkerStart, GPU_MEMORY_LIMIT, WORKER, WORKER_DEVICE};
 
@@ -149,7 +148,6 @@ pub extern "C-unwind" fn gpu_graph_worker_main(_arg: pg_sys::Datum) {
         inflight: Vec::new(),
         taken: Vec::new(),
         segment: None,
-        waker: Waker::start(),
     };
     let outcome = w.serve();
     w.residency.clear(&w.device, shared);
@@ -227,8 +225,6 @@ struct Worker {
     /// idle or after SEGMENT_KEEP unused (its backend has finished, and the
     /// mapping would keep its memory)
     segment: Option<(Area, Instant)>,
-    /// the thread that wakes answered backends (None: this thread does)
-    waker: Option<Waker>,
 }
 
 /// How long an unused batch segment stays mapped.
@@ -480,10 +476,7 @@ impl Worker {
         reply.answered_at = unsafe { pg_sys::GetCurrentTimestamp() };
         add(&c.answered, 1);
         if slot.answer(f.seq) {
-            match &self.waker {
-                Some(w) => w.wake(procno),
-                None => set_latch(procno),
-            }
+            set_latch(procno);
         }
     }
 }

@@ -33,7 +33,6 @@ mod residency;
 mod ring;
 mod shmem;
 mod stats;
-mod waker;
 
 use crate::latch::{nap, sleep};
 use pgrx::pg_sys;

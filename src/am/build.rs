@@ -124,10 +124,11 @@ fn notice_built(
     };
     if let Some(c) = &built.cfs {
         device += &format!(
-            " (CFS refinement {:.2} s of it, {:.2} s filtering on the {})",
+            " (CFS refinement {:.2} s of it, {:.2} s searching and {:.2} s filtering on the {})",
             c.total_ms / 1000.0,
+            c.collect_ms / 1000.0,
             c.filter_ms / 1000.0,
-            if c.filters_on_gpu { "GPU" } else { "CPU" }
+            if c.on_gpu { "GPU" } else { "CPU" }
         );
     }
     if let Some(st) = &built.shards {

@@ -3,8 +3,9 @@
 //! all rayon threads.
 //!
 //! - Collect: the nodes a search for the node's vector finds over the start
-//!   graph (beam `pool`: the "path" collect) and the node's own start list
-//!   (the "1-hop" collect).
+//!   graph (beam `pool`: the "path" collect), a batch of nodes at a time by
+//!   a [`CollectRows`] (the CPU's search or the GPU's), and the node's own
+//!   start list (the "1-hop" collect).
 //! - Filter: the graph's [`Filter`] over the `pool` nearest of them, a
 //!   batch of nodes at a time by a [`FilterRows`] (the CPU's or the GPU's).
 //! - Store: every kept edge offered back to its target (reverse edges); a
@@ -22,6 +23,7 @@ use std::ops::Range;
 use rayon::prelude::*;
 
 use crate::candidates::Candidates;
+use crate::collect_rows::{CollectRows, CpuCollect};
 use crate::filter::{tsdg_order, Filter};
 use crate::filter_rows::{CpuFilters, FilterRows};
 use crate::graph::Graph;
@@ -66,16 +68,23 @@ pub struct CfsParams {
     pub pool: usize,
 }
 
+impl CfsParams {
+    /// The collect search's beam: `pool`, at least the degree.
+    pub fn beam(&self) -> usize {
+        self.pool.max(self.degree)
+    }
+}
+
 /// Nodes per step between progress reports (a cancel waits for one step).
 const STEP: usize = 16_384;
 
 /// A graph over stored vectors, as a store: a hit's payload is its node id.
-struct View<'a> {
-    vectors: &'a [f32],
-    dim: usize,
-    degree: usize,
-    adjacency: &'a [u32],
-    entry: Option<u32>,
+pub(crate) struct View<'a> {
+    pub vectors: &'a [f32],
+    pub dim: usize,
+    pub degree: usize,
+    pub adjacency: &'a [u32],
+    pub entry: Option<u32>,
 }
 
 impl GraphView for View<'_> {
@@ -115,24 +124,27 @@ pub fn refine(
     params: &CfsParams,
     progress: &mut dyn Progress,
 ) -> Option<Graph> {
-    let Ok(g) = refine_with(vectors, dim, start, params, &mut CpuFilters { vectors, dim }, progress);
+    let mut filters = CpuFilters { vectors, dim };
+    let Ok(g) =
+        refine_with(vectors, dim, start, params, &mut CpuCollect { vectors, dim, start }, &mut filters, progress);
     g
 }
 
-/// [`refine`] with the filter step done by `filters` (the GPU's, say), a
-/// batch of rows per step; the collect's searches, the reverse edges, TSDG's
-/// order and `connect` stay here, on all rayon threads. Fails only when
-/// `filters` does.
-pub fn refine_with<F: FilterRows>(
+/// [`refine`] with the collect's searches done by `collect` and the filter
+/// step by `filters` (the GPU's, say), a batch of nodes per step; the rest
+/// of the collect, the reverse edges, TSDG's order and `connect` stay here,
+/// on all rayon threads. Fails only when `collect` or `filters` does.
+pub fn refine_with<C: CollectRows, F: FilterRows<Error = C::Error>>(
     vectors: &[f32],
     dim: usize,
     start: &Graph,
     params: &CfsParams,
+    collect: &mut C,
     filters: &mut F,
     progress: &mut dyn Progress,
 ) -> Result<Option<Graph>, F::Error> {
     let n = vectors.len().checked_div(dim).unwrap_or(0);
-    let (degree, pool, filter) = (params.degree, params.pool.max(params.degree), params.algorithm.filter());
+    let (degree, pool, filter) = (params.degree, params.beam(), params.algorithm.filter());
     let start_view = View { vectors, dim, degree: start.degree, adjacency: &start.adjacency, entry: start.entry };
     let row = |v: usize| &vectors[v * dim..(v + 1) * dim];
     // the `pool` nearest of `ids` (ascending, as a filter reads them)
@@ -141,12 +153,12 @@ pub fn refine_with<F: FilterRows>(
     let mut done = 0;
     // collect and filter
     let lists = in_steps(n, &mut done, steps, progress, |nodes| {
+        let hits = collect.collect_rows(nodes.clone(), pool)?;
+        debug_assert_eq!(hits.len(), nodes.len(), "one row of hits a node");
         let rows: Vec<Vec<(u32, f32)>> = nodes
             .into_par_iter()
-            .map(|v| {
-                // L2 over stored vectors is the graph distance, whatever the SQL metric
-                let mut search = Search::new(&start_view, Metric::L2, row(v));
-                let mut ids: Vec<u32> = search.next_round(&start_view, pool).iter().map(|h| h.node).collect();
+            .zip(hits)
+            .map(|(v, mut ids)| {
                 ids.extend(start.neighbors(v as u32));
                 ids.sort_unstable();
                 ids.dedup();
@@ -358,19 +370,44 @@ mod tests {
         }
     }
 
+    /// A CollectRows that hands out the CPU's hits in reverse order (the
+    /// order of a row is free), or fails.
+    struct Reversed<'a> {
+        cpu: CpuCollect<'a>,
+        fail: bool,
+    }
+
+    impl CollectRows for Reversed<'_> {
+        type Error = String;
+        fn collect_rows(&mut self, nodes: Range<usize>, pool: usize) -> Result<Vec<Vec<u32>>, String> {
+            if self.fail {
+                return Err("no search".into());
+            }
+            let Ok(mut hits) = self.cpu.collect_rows(nodes, pool);
+            hits.iter_mut().for_each(|h| h.reverse());
+            Ok(hits)
+        }
+    }
+
     #[test]
-    fn pluggable_filters_give_the_same_graph() {
+    fn pluggable_steps_give_the_same_graph() {
         let (vectors, dim, start) = synthetic();
         for algorithm in [Algorithm::Nsg, Algorithm::Cagra, Algorithm::Tsdg { alpha: 1.2, max_lambda: 4 }] {
             let p = CfsParams { algorithm, degree: 10, pool: 24 };
+            let mut c = Reversed { cpu: CpuCollect { vectors: &vectors, dim, start: &start }, fail: false };
             let mut f = OneByOne { vectors: &vectors, dim, calls: 0, fail_at: 0 };
-            let g = refine_with(&vectors, dim, &start, &p, &mut f, &mut |_: usize, _: usize| true);
+            let g = refine_with(&vectors, dim, &start, &p, &mut c, &mut f, &mut |_: usize, _: usize| true);
             let want = refine(&vectors, dim, &start, &p, &mut |_: usize, _: usize| true);
             assert_eq!(g, Ok(want), "{algorithm:?}");
             assert_eq!(f.calls, 2, "one batch for the collect, one for the store");
             let mut f = OneByOne { vectors: &vectors, dim, calls: 0, fail_at: 2 };
-            let g = refine_with(&vectors, dim, &start, &p, &mut f, &mut |_: usize, _: usize| true);
+            let g = refine_with(&vectors, dim, &start, &p, &mut c, &mut f, &mut |_: usize, _: usize| true);
             assert_eq!(g, Err("failed".to_string()), "a failing filter fails the refine");
+            let mut f = OneByOne { vectors: &vectors, dim, calls: 0, fail_at: 0 };
+            c.fail = true;
+            let g = refine_with(&vectors, dim, &start, &p, &mut c, &mut f, &mut |_: usize, _: usize| true);
+            assert_eq!(g, Err("no search".to_string()), "a failing collect fails the refine");
+            assert_eq!(f.calls, 0, "nothing filtered after it");
         }
     }
 }

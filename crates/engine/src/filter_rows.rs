@@ -52,8 +52,8 @@ impl FilterRows for CpuFilters<'_> {
     }
 }
 
-/// A FilterRows that adds up the time spent in `inner` (a build's report of
-/// its filters' share).
+/// A FilterRows (or a [`crate::collect_rows::CollectRows`]) that adds up
+/// the time spent in `inner` (a build's report of its filters' share).
 pub struct Timed<F> {
     pub inner: F,
     pub ms: f64,

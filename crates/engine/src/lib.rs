@@ -9,6 +9,7 @@
 
 pub mod candidates;
 pub mod cfs;
+pub mod collect_rows;
 pub mod cost;
 pub mod dataset;
 pub mod distance;

@@ -32,11 +32,17 @@ pub struct GpuFilters<'g> {
 }
 
 impl<'g> GpuFilters<'g> {
-    /// Uploads `vectors` (n × `dim` stored vectors, those the ids name).
+    /// Uploads `vectors` (n × `dim` stored vectors, those the ids name) and
+    /// launches the kernel once: a first launch while a persistent kernel
+    /// runs (GpuCollect's) may wait forever under CUDA's lazy loading.
     pub fn new(gpu: &'g Gpu, vectors: &[f32], dim: usize) -> Result<GpuFilters<'g>, GpuError> {
         gpu.reserve(DeviceVectors::plan(vectors.len() / dim.max(1), dim)?.bytes(), "the CFS filters' vectors")?;
         let dv = guard("uploading the vectors", || DeviceVectors::upload(gpu, vectors, dim))?;
-        Ok(GpuFilters { gpu, dv })
+        let mut f = GpuFilters { gpu, dv };
+        if !vectors.is_empty() {
+            f.filter_rows(Filter::Rng, &[vec![(0, 0.0)]], 1)?;
+        }
+        Ok(f)
     }
 }
 

@@ -12,10 +12,13 @@
 //! - [`knn_graph`]: the exact k-NN graph on tensor cores (kernels/knn_exact.cu).
 //! - [`filter::GpuFilters`]: the engine's CFS filters (RNG, NSG, Vamana,
 //!   CAGRA) over batches of candidate rows (kernels/filter.cu).
+//! - [`collect::GpuCollect`]: the CFS collect's searches, by the search
+//!   server's batch kernel.
 //! - [`search`]: the persistent search kernel (kernels/search_persistent.cu)
 //!   and its host side, for the search worker.
 
 pub mod abi;
+pub mod collect;
 pub mod device;
 pub mod error;
 pub mod filter;

@@ -1,32 +1,26 @@
 //! The CFS filters on both sides: the GPU's filter_rows (kernels/filter.cu)
 //! against the engine's Filter::apply, list for list, for each filter on
 //! candidate lists of real rows, with the time of each side on the same
-//! candidates; then whole CFS refinements (cfs::refine_with the GPU's
-//! filters against cfs::refine) graph for graph.
+//! candidates (the whole refinements: refine.rs).
 //!
 //! Integer-valued data (SIFT) makes every distance exact on both sides, so
-//! lists and graphs must be equal; with other data a comparison within
-//! rounding can go the other way (the GPU sums in another order), so up to
-//! 1% of the lists may differ.
+//! lists must be equal; with other data a comparison within rounding can
+//! go the other way (the GPU sums in another order), so up to 1% of the
+//! lists may differ.
 
-use std::convert::Infallible;
 use std::time::Instant;
 
-use gpu_graph_engine::cfs::{refine, refine_with, Algorithm, CfsParams};
 use gpu_graph_engine::distance::l2sq;
 use gpu_graph_engine::filter::Filter;
-use gpu_graph_engine::filter_rows::{CpuFilters, FilterRows, Timed};
-use gpu_graph_engine::graph::Graph;
-use gpu_graph_engine::params::BuildParams;
-use gpu_graph_engine::rnn_descent;
+use gpu_graph_engine::filter_rows::{CpuFilters, FilterRows};
 use gpu_graph_gpu::filter::GpuFilters;
-use gpu_graph_gpu::{Gpu, GpuError};
+use gpu_graph_gpu::Gpu;
 use rayon::prelude::*;
 
 use crate::common::{Data, Verdict};
 
 /// Candidates per list: the index's default `candidates` (CFS's pool).
-const PER_ROW: usize = 64;
+pub const PER_ROW: usize = 64;
 /// Rows of the base the checks read (brute force over them).
 const BASE_ROWS: usize = 20_000;
 
@@ -94,59 +88,6 @@ pub fn check(gpu: &Gpu, data: &Data, rows: usize, degree: usize, verdict: &mut V
             within(differ, rows, integral),
             format!(
                 "filter {filter:?}: {differ} of {rows} lists differ between the GPU and the engine ({PER_ROW} candidates, degree {degree}); GPU {gpu_ms:.1} ms, CPU {cpu_ms:.1} ms on {} threads{}",
-                rayon::current_num_threads(),
-                note(integral)
-            ),
-        );
-    }
-}
-
-/// The CFS graphs of the first `rows` rows (from the CPU's RNN-Descent
-/// graph) refined with the GPU's filters and with the CPU's: equal graphs,
-/// and each side's total and filter time.
-pub fn refine_check(gpu: &Gpu, data: &Data, rows: usize, params: &BuildParams, verdict: &mut Verdict) {
-    let (n, dim) = (data.base.len().min(rows), data.base.dim);
-    if n <= PER_ROW {
-        return;
-    }
-    let base = &data.base.data[..n * dim];
-    let integral = base.iter().all(|x| x.fract() == 0.0);
-    let start = rnn_descent::build(base, dim, params, &mut |_: usize, _: usize| true).expect("not cancelled");
-    let algorithms = [
-        Algorithm::Nsg,
-        Algorithm::Vamana { alpha: 1.2 },
-        Algorithm::Cagra,
-        Algorithm::Tsdg { alpha: 1.2, max_lambda: 32 },
-    ];
-    for algorithm in algorithms {
-        let p = CfsParams { algorithm, degree: params.degree, pool: PER_ROW };
-        let t = Instant::now();
-        let gpu_side: Result<(Option<Graph>, f64), GpuError> = GpuFilters::new(gpu, base, dim).and_then(|f| {
-            let mut f = Timed { inner: f, ms: 0.0 };
-            Ok((refine_with(base, dim, &start, &p, &mut f, &mut |_: usize, _: usize| true)?, f.ms))
-        });
-        let gpu_ms = t.elapsed().as_secs_f64() * 1e3;
-        let (g, gpu_filter_ms) = match gpu_side {
-            Ok((Some(g), ms)) => (g, ms),
-            Ok((None, _)) => unreachable!("never stopped"),
-            Err(e) => {
-                verdict.check(false, format!("refine {algorithm:?} with the GPU's filters: {e}"));
-                continue;
-            }
-        };
-        let t = Instant::now();
-        let mut f = Timed { inner: CpuFilters { vectors: base, dim }, ms: 0.0 };
-        let c: Result<Option<Graph>, Infallible> =
-            refine_with(base, dim, &start, &p, &mut f, &mut |_: usize, _: usize| true);
-        let Ok(Some(c)) = c else { unreachable!("never stopped") };
-        let cpu_ms = t.elapsed().as_secs_f64() * 1e3;
-        debug_assert_eq!(Some(&c), refine(base, dim, &start, &p, &mut |_: usize, _: usize| true).as_ref());
-        let differ = (0..n as u32).filter(|&v| g.neighbors(v).ne(c.neighbors(v))).count();
-        verdict.check(
-            within(differ, n, integral),
-            format!(
-                "refine {algorithm:?} ({n} rows, pool {PER_ROW}): {differ} lists differ between the GPU's filters and the CPU's; total {gpu_ms:.0} ms (filters {gpu_filter_ms:.0} ms) against {cpu_ms:.0} ms (filters {:.0} ms on {} threads){}",
-                f.ms,
                 rayon::current_num_threads(),
                 note(integral)
             ),

@@ -36,6 +36,25 @@ struct Refined {
     setup_ms: f64,
     collect_ms: f64,
     filter_ms: f64,
+    /// ms at the end of the collect-and-filter steps, of the store's, and
+    /// of the links that make every node reachable
+    phases: [f64; 3],
+}
+
+/// A progress callback noting when each phase of refine_with ended
+/// (`all` = 2 × steps a phase + 1 for the links).
+fn phase_marks(t: Instant, phases: &mut [f64; 3]) -> impl FnMut(usize, usize) -> bool + '_ {
+    move |done: usize, all: usize| {
+        let per = (all - 1) / 2;
+        let ms = t.elapsed().as_secs_f64() * 1e3;
+        match done {
+            d if d == per => phases[0] = ms,
+            d if d == 2 * per => phases[1] = ms,
+            d if d == all => phases[2] = ms,
+            _ => {}
+        }
+        true
+    }
 }
 
 /// As src/am/refine.rs refines after a GPU build: the filters first (their
@@ -45,22 +64,24 @@ fn on_gpu(gpu: &Gpu, base: &[f32], dim: usize, start: &Graph, p: &CfsParams) -> 
     let mut filters = Timed { inner: GpuFilters::new(gpu, base, dim)?, ms: 0.0 };
     let mut collect = Timed { inner: GpuCollect::start(gpu, base, dim, start, p.beam())?, ms: 0.0 };
     let setup_ms = t.elapsed().as_secs_f64() * 1e3;
-    let g = refine_with(base, dim, start, p, &mut collect, &mut filters, &mut |_: usize, _: usize| true)?;
+    let mut phases = [0.0; 3];
+    let g = refine_with(base, dim, start, p, &mut collect, &mut filters, &mut phase_marks(t, &mut phases))?;
     let graph = g.expect("never stopped");
     let total_ms = t.elapsed().as_secs_f64() * 1e3;
-    Ok(Refined { graph, total_ms, setup_ms, collect_ms: collect.ms, filter_ms: filters.ms })
+    Ok(Refined { graph, total_ms, setup_ms, collect_ms: collect.ms, filter_ms: filters.ms, phases })
 }
 
 fn on_cpu(base: &[f32], dim: usize, start: &Graph, p: &CfsParams) -> Refined {
     let t = Instant::now();
     let mut collect = Timed { inner: CpuCollect { vectors: base, dim, start }, ms: 0.0 };
     let mut filters = Timed { inner: CpuFilters { vectors: base, dim }, ms: 0.0 };
+    let mut phases = [0.0; 3];
     let g: Result<Option<Graph>, Infallible> =
-        refine_with(base, dim, start, p, &mut collect, &mut filters, &mut |_: usize, _: usize| true);
+        refine_with(base, dim, start, p, &mut collect, &mut filters, &mut phase_marks(t, &mut phases));
     let Ok(Some(graph)) = g else { unreachable!("never stopped") };
     let total_ms = t.elapsed().as_secs_f64() * 1e3;
     debug_assert_eq!(Some(&graph), refine(base, dim, start, p, &mut |_: usize, _: usize| true).as_ref());
-    Refined { graph, total_ms, setup_ms: 0.0, collect_ms: collect.ms, filter_ms: filters.ms }
+    Refined { graph, total_ms, setup_ms: 0.0, collect_ms: collect.ms, filter_ms: filters.ms, phases }
 }
 
 /// The CFS graphs of the first `rows` rows refined on the GPU and on the
@@ -110,14 +131,16 @@ pub fn check(gpu: &Gpu, data: &Data, rows: usize, params: &BuildParams, verdict:
         verdict.check(
             gr.iter().zip(&cr).all(|(g, c)| *g >= c - 0.01),
             format!(
-                "refine {algorithm:?} ({n} rows, pool {PER_ROW}): GPU {:.0} ms (setup {:.0}, searches {:.0}, filters {:.0}) against CPU {:.0} ms (searches {:.0}, filters {:.0}; {} threads); recall@10 of the GPU's graph {} (at most 0.01 below); {differ} lists differ",
+                "refine {algorithm:?} ({n} rows, pool {PER_ROW}): GPU {:.0} ms (setup {:.0}, searches {:.0}, filters {:.0}; phases end at {:.0?}) against CPU {:.0} ms (searches {:.0}, filters {:.0}; phases end at {:.0?}; {} threads); recall@10 of the GPU's graph {} (at most 0.01 below); {differ} lists differ",
                 g.total_ms,
                 g.setup_ms,
                 g.collect_ms,
                 g.filter_ms,
+                g.phases,
                 c.total_ms,
                 c.collect_ms,
                 c.filter_ms,
+                c.phases,
                 rayon::current_num_threads(),
                 cells.join(", ")
             ),

@@ -27,7 +27,7 @@ use crate::collect_rows::{CollectRows, CpuCollect};
 use crate::filter::{tsdg_order, Filter};
 use crate::filter_rows::{CpuFilters, FilterRows};
 use crate::graph::Graph;
-use crate::metric::Metric;
+use crate::metric::{graph_distance, Metric};
 use crate::rnn_descent::Progress;
 use crate::search::Search;
 use crate::store::{GraphView, Visit};
@@ -148,7 +148,11 @@ pub fn refine_with<C: CollectRows, F: FilterRows<Error = C::Error>>(
     let start_view = View { vectors, dim, degree: start.degree, adjacency: &start.adjacency, entry: start.entry };
     let row = |v: usize| &vectors[v * dim..(v + 1) * dim];
     // the `pool` nearest of `ids` (ascending, as a filter reads them)
-    let nearest = |v: usize, ids: Vec<u32>, pool: usize| Candidates::collect(&start_view, row(v), ids).nearest(pool).0;
+    let nearest = |v: usize, ids: Vec<u32>, pool: usize| {
+        let mut c: Vec<(u32, f32)> = ids.into_iter().map(|u| (u, graph_distance(row(v), row(u as usize)))).collect();
+        by_distance(&mut c, pool);
+        c
+    };
     let steps = 2 * n.div_ceil(STEP) + 1;
     let mut done = 0;
     // collect and filter
@@ -158,12 +162,17 @@ pub fn refine_with<C: CollectRows, F: FilterRows<Error = C::Error>>(
         let rows: Vec<Vec<(u32, f32)>> = nodes
             .into_par_iter()
             .zip(hits)
-            .map(|(v, mut ids)| {
-                ids.extend(start.neighbors(v as u32));
-                ids.sort_unstable();
-                ids.dedup();
-                ids.retain(|&x| x != v as u32);
-                nearest(v, ids, pool)
+            .map(|(v, mut cands)| {
+                // the node's own list beside the hits: only its nodes the
+                // search did not find need a distance
+                for u in start.neighbors(v as u32) {
+                    if !cands.iter().any(|c| c.0 == u) {
+                        cands.push((u, graph_distance(row(v), row(u as usize))));
+                    }
+                }
+                cands.retain(|c| c.0 != v as u32);
+                by_distance(&mut cands, pool);
+                cands
             })
             .collect();
         filters.filter_rows(filter, &rows, degree)
@@ -218,6 +227,13 @@ pub fn refine_with<C: CollectRows, F: FilterRows<Error = C::Error>>(
         return Ok(None);
     }
     Ok(Some(Graph { degree, adjacency, entry: start.entry }))
+}
+
+/// The `pool` nearest of distinct candidates, ascending (ties by id), as a
+/// filter reads them.
+fn by_distance(cands: &mut Vec<(u32, f32)>, pool: usize) {
+    cands.sort_unstable_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)));
+    cands.truncate(pool);
 }
 
 /// `step` over the nodes 0..n, STEP of them at a time, reporting each step
@@ -379,7 +395,7 @@ mod tests {
 
     impl CollectRows for Reversed<'_> {
         type Error = String;
-        fn collect_rows(&mut self, nodes: Range<usize>, pool: usize) -> Result<Vec<Vec<u32>>, String> {
+        fn collect_rows(&mut self, nodes: Range<usize>, pool: usize) -> Result<Vec<Vec<(u32, f32)>>, String> {
             if self.fail {
                 return Err("no search".into());
             }

@@ -75,7 +75,7 @@ impl GpuCollect {
 impl CollectRows for GpuCollect {
     type Error = GpuError;
 
-    fn collect_rows(&mut self, nodes: Range<usize>, pool: usize) -> Result<Vec<Vec<u32>>, GpuError> {
+    fn collect_rows(&mut self, nodes: Range<usize>, pool: usize) -> Result<Vec<Vec<(u32, f32)>>, GpuError> {
         if nodes.is_empty() {
             return Ok(Vec::new());
         }
@@ -84,7 +84,8 @@ impl CollectRows for GpuCollect {
         let t = Instant::now();
         loop {
             if let Some(answers) = self.server.poll_batch(&ticket).map_err(gpu_error)? {
-                return Ok(answers.into_iter().map(|a| a.into_iter().map(|h| h.1).collect()).collect());
+                // (the L2 search distance is the graph distance)
+                return Ok(answers.into_iter().map(|a| a.into_iter().map(|(d, id)| (id, d)).collect()).collect());
             }
             if t.elapsed() > BATCH_WAIT {
                 return Err(GpuError::Cuda(format!("no answer to {} collect searches in {BATCH_WAIT:?}", nodes.len())));

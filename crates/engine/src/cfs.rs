@@ -147,12 +147,6 @@ pub fn refine_with<C: CollectRows, F: FilterRows<Error = C::Error>>(
     let (degree, pool, filter) = (params.degree, params.beam(), params.algorithm.filter());
     let start_view = View { vectors, dim, degree: start.degree, adjacency: &start.adjacency, entry: start.entry };
     let row = |v: usize| &vectors[v * dim..(v + 1) * dim];
-    // the `pool` nearest of `ids` (ascending, as a filter reads them)
-    let nearest = |v: usize, ids: Vec<u32>, pool: usize| {
-        let mut c: Vec<(u32, f32)> = ids.into_iter().map(|u| (u, graph_distance(row(v), row(u as usize)))).collect();
-        by_distance(&mut c, pool);
-        c
-    };
     let steps = 2 * n.div_ceil(STEP) + 1;
     let mut done = 0;
     // collect and filter
@@ -175,14 +169,15 @@ pub fn refine_with<C: CollectRows, F: FilterRows<Error = C::Error>>(
                 cands
             })
             .collect();
-        filters.filter_rows(filter, &rows, degree)
+        let kept = filters.filter_rows(filter, &rows, degree)?;
+        Ok(rows.iter().zip(kept).map(|(row, ids)| with_distances(row, &ids)).collect())
     })?;
     let Some(lists) = lists else { return Ok(None) };
     // store: reverse edges, full lists filtered again, TSDG's order
-    let mut incoming: Vec<Vec<u32>> = vec![Vec::new(); n];
+    let mut incoming: Vec<Vec<(u32, f32)>> = vec![Vec::new(); n];
     for (v, list) in lists.iter().enumerate() {
-        for &u in list {
-            incoming[u as usize].push(v as u32);
+        for &(u, d) in list {
+            incoming[u as usize].push((v as u32, d));
         }
     }
     let stored = in_steps(n, &mut done, steps, progress, |nodes| {
@@ -190,11 +185,15 @@ pub fn refine_with<C: CollectRows, F: FilterRows<Error = C::Error>>(
         let mut rows: Vec<Vec<(u32, f32)>> = nodes
             .into_par_iter()
             .map(|u| {
-                let mut ids = lists[u].clone();
-                ids.extend(&incoming[u]);
-                ids.sort_unstable();
-                ids.dedup();
-                nearest(u, ids, usize::MAX)
+                // no distance computed again: a list's come from its
+                // collect, and an incoming edge's is the same (the graph
+                // distance is symmetric, bit for bit)
+                let mut c = lists[u].clone();
+                c.extend_from_slice(&incoming[u]);
+                c.sort_unstable_by_key(|x| x.0);
+                c.dedup_by_key(|x| x.0);
+                by_distance(&mut c, usize::MAX);
+                c
             })
             .collect();
         // only the lists over the degree are filtered again
@@ -227,6 +226,14 @@ pub fn refine_with<C: CollectRows, F: FilterRows<Error = C::Error>>(
         return Ok(None);
     }
     Ok(Some(Graph { degree, adjacency, entry: start.entry }))
+}
+
+/// The ids a filter kept of `row`, with their distances from it.
+fn with_distances(row: &[(u32, f32)], kept: &[u32]) -> Vec<(u32, f32)> {
+    let found = |&id: &u32| row.iter().find(|c| c.0 == id).copied();
+    let out: Vec<(u32, f32)> = kept.iter().filter_map(found).collect();
+    debug_assert_eq!(out.len(), kept.len(), "a filter keeps only its candidates");
+    out
 }
 
 /// The `pool` nearest of distinct candidates, ascending (ties by id), as a

@@ -164,6 +164,14 @@ struct ResultHead {
     u32 count;     // hits written
     u32 expanded;  // nodes expanded (GG_OUT_BAD_INDEX: no such index)
     u32 computed;  // distances computed
+    // where the CTA's time went (%globaltimer, ns): the latency breakdown
+    u64 picked;      // when the CTA took the query (its slot word changed)
+    u32 start_ns;    // picked -> the entry point, seeds and entry's list absorbed
+    u32 search_ns;   // picked -> its hits written (then: the fences, the finish word)
+    u32 steps;       // steps of the search loop (expansion rounds)
+    u32 pad0;
+    u32 pad1;
+    u32 pad2;
 };
 
 struct ResultHit {

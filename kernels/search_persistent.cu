@@ -121,6 +121,12 @@ __device__ __forceinline__ void st_v4(void* p, u32 a, u32 b, u32 c, u32 d) {
 }
 __device__ __forceinline__ void fence_sys() { asm volatile("fence.sc.sys;" : : : "memory"); }
 __device__ __forceinline__ void nanosleep_ns(u32 ns) { asm volatile("nanosleep.u32 %0;" : : "r"(ns)); }
+// The GPU's nanosecond clock (one for all SMs): the latency breakdown.
+__device__ __forceinline__ u64 globaltimer() {
+    u64 t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
 __device__ __forceinline__ u32 hash32(u32 x) {
     x ^= x >> 16;
     x *= 0x7feb352du;
@@ -541,12 +547,13 @@ struct CtaPlan {
 // table `table` of 2^k entries - 1 = vmask shared by the query's CTAs,
 // entries of generation `gen`), through the first `width` entries of each
 // list (0: whole lists; TSDG's prefix for large batches); writes its first
-// k live entries to `hits` and returns how many, with the nodes expanded
-// and distances computed. The same search for the persistent kernel (a
-// slot's CTAs) and the batch kernel (one CTA a query).
+// k live entries to `hits` and returns how many, with the nodes expanded,
+// distances computed, steps taken and when its start ended (globaltimer).
+// The same search for the persistent kernel (a slot's CTAs) and the batch
+// kernel (one CTA a query).
 __device__ __forceinline__ u32 search_one(const IndexDesc& ix, const Smem& S, u64* table, u32 vmask, u32 gen, u32 t,
                                           u32 ctas, const CtaPlan& p, u32 width, u64 salt, ResultHit* hits,
-                                          u32& expanded, u32& computed, u32 lane) {
+                                          u32& expanded, u32& computed, u32& steps, u64& started, u32 lane) {
     Lists L;
     L.ad = S.l0d;
     L.ai = S.l0i;
@@ -580,9 +587,12 @@ __device__ __forceinline__ u32 search_one(const IndexDesc& ix, const Smem& S, u6
     computed += m;
     absorb(ix, S.q, ci, cd, m, L, cap, S.nd, S.ni, lane);
     expanded = 1;
+    steps = 0;
+    started = globaltimer();
     u32 nsel = 0;
     for (;;) {
         if (nsel > 0) {
+            ++steps;
             AdjSrc as;
             as.adj = adj;
             as.sel = S.sel;
@@ -692,6 +702,7 @@ extern "C" __global__ void __launch_bounds__(32)
         idle = 0;
         const u32 ctas = (c & 31u) + 1u;
         if (t >= ctas) continue;  // this CTA sits the query out
+        const u64 picked = globaltimer();
         // the request is in device memory before cmd changed (stream order);
         // its own sequence word says so (and nobody rewrites it before this
         // CTA arrives below)
@@ -708,15 +719,23 @@ extern "C" __global__ void __launch_bounds__(32)
         IndexDesc ix;
         const bool ok = load_desc(indexes, P.n_indexes, ld_cg_u32(&req->index), ld_cg_u32(&req->gen), ix) &&
                         p.cap > 0 && p.cap <= list_cap && p.k <= k_max && qwords <= max_qwords;
-        u32 written = 0, expanded = 0, computed = 0;
+        u32 written = 0, expanded = 0, computed = 0, steps = 0;
+        u64 started = picked, searched = picked;
         if (ok) {
             load_query((const u32*)(req + 1), S.q, qwords, lane);
             const u64 salt = mix64(((u64)c << 32) ^ ((u64)slot << 8) ^ (u64)t);
-            written = search_one(ix, S, table, vmask, c, t, ctas, p, 0, salt, hits, expanded, computed, lane);
+            written = search_one(ix, S, table, vmask, c, t, ctas, p, 0, salt, hits, expanded, computed, steps,
+                                 started, lane);
+            searched = globaltimer();
         } else {
             expanded = GG_OUT_BAD_INDEX;
         }
-        if (lane == 0) st_v4(out, c, written, expanded, computed);
+        if (lane == 0) {
+            unsigned char* o = (unsigned char*)out;
+            st_v4(o + 16, (u32)picked, (u32)(picked >> 32), (u32)(started - picked), (u32)(searched - picked));
+            st_v4(o + 32, steps, 0u, 0u, 0u);
+            st_v4(out, c, written, expanded, computed);
+        }
         fence_sys();
         __syncwarp();
         if (lane == 0) {
@@ -772,12 +791,13 @@ extern "C" __global__ void __launch_bounds__(32, GG_BATCH_MIN_BLOCKS)
     p.seeds = 0;
     u32 j = 0;
     for (u32 qi = blockIdx.x; qi < P.n; qi += gridDim.x, ++j) {
-        u32 written = GG_OUT_BAD_INDEX, expanded = 0, computed = 0;
+        u32 written = GG_OUT_BAD_INDEX, expanded = 0, computed = 0, steps = 0;
+        u64 started = 0;
         if (ok) {
             load_query((const u32*)P.queries + (u64)qi * P.qwords, S.q, P.qwords, lane);
             ResultHit* hits = (ResultHit*)P.hits + (u64)qi * P.k;
-            written =
-                search_one(ix, S, table, vmask, P.visit_base + j, 0, 1, p, P.width, 0, hits, expanded, computed, lane);
+            written = search_one(ix, S, table, vmask, P.visit_base + j, 0, 1, p, P.width, 0, hits, expanded, computed,
+                                 steps, started, lane);
         }
         if (lane == 0) counts[qi] = written;
         __syncwarp();

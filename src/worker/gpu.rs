@@ -7,8 +7,11 @@ use gpu_graph_engine::metric::Metric;
 use gpu_graph_gpu::search::{BatchTicket, Patch, ResidentId, SearchError, SearchServer, ServerConfig, Ticket};
 use gpu_graph_gpu::{Gpu, GpuError};
 
+use std::time::Instant;
+
 use super::device::Hits;
 use super::outcome::Outcome;
+use super::shmem::shared;
 
 pub struct GpuSearch {
     // fields drop in order: the server (and its kernel) before the context
@@ -23,7 +26,8 @@ pub struct GpuResident {
     metric: Metric,
 }
 
-pub struct GpuPending(Ticket);
+/// A query on the GPU and when the worker submitted it.
+pub struct GpuPending(Ticket, Instant);
 
 /// A batch on the GPU: the batch kernel's, or (a small batch) its queries
 /// in the persistent kernel's slots.
@@ -120,7 +124,8 @@ impl GpuSearch {
     /// sends each loop's queries together).
     pub fn submit(&self, r: &GpuResident, query: &[f32], k: usize, ef: usize) -> Result<GpuPending, Outcome> {
         let k = k.min(self.server.info().k_max);
-        self.server.submit_held(r.id, &r.metric.prepare_query(query), k, ef).map(GpuPending).map_err(outcome)
+        let t = Instant::now();
+        self.server.submit_held(r.id, &r.metric.prepare_query(query), k, ef).map(|q| GpuPending(q, t)).map_err(outcome)
     }
 
     /// Sends the queries `submit` held.
@@ -128,8 +133,19 @@ impl GpuSearch {
         self.server.send_held().map_err(outcome)
     }
 
+    /// The answer once the GPU has it, its times recorded in the latency
+    /// breakdown.
     pub fn poll(&self, p: &mut GpuPending) -> Result<Option<Hits>, Outcome> {
-        self.server.poll(&mut p.0).map(|a| a.map(|a| a.hits)).map_err(outcome)
+        let Some(a) = self.server.poll(&mut p.0).map_err(outcome)? else { return Ok(None) };
+        if let Some(s) = shared() {
+            let (l, t) = (&s.counters.latency, a.times);
+            let us = |ns: u32| (ns as i64 + 500) / 1000;
+            l.kernel.record(us(t.span_ns));
+            l.kernel_start.record(us(t.start_ns));
+            l.kernel_steps.record(t.steps as i64);
+            l.transport.record(p.1.elapsed().as_micros() as i64 - us(t.span_ns));
+        }
+        Ok(Some(a.hits))
     }
 
     /// A batch of queries (as the user gave them, `dim` values each) for

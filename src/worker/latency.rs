@@ -2,7 +2,11 @@
 //! histograms in shared memory of microseconds, eight buckets an octave
 //! (each about 9% wide), for each step of the path: waiting to be taken,
 //! the search, the backend waking to the answer, its re-read of the
-//! answered nodes, and the whole round trip.
+//! answered nodes, and the whole round trip; and of the search on the GPU,
+//! the kernel's own clock: the first CTA taking the query to the last one's
+//! hits written, its start (entry point and seeds), its steps, and the rest
+//! of the search (the request's copy and slot word, the kernel's wake-up,
+//! its fences and finish word, the worker seeing it).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -92,6 +96,14 @@ pub struct Latencies {
     pub verify: Histogram,
     /// submitted → answer read, as the backend sees it
     pub roundtrip: Histogram,
+    /// GPU: the first CTA taking the query → the last one's hits written
+    pub kernel: Histogram,
+    /// GPU: a CTA taking the query → its start absorbed (the slowest CTA)
+    pub kernel_start: Histogram,
+    /// GPU: steps of the search loop (the most of any CTA; a count, not µs)
+    pub kernel_steps: Histogram,
+    /// GPU: the worker's submit → its seeing the answer, less `kernel`
+    pub transport: Histogram,
 }
 
 impl Latencies {
@@ -102,6 +114,10 @@ impl Latencies {
             wake: Histogram::new(),
             verify: Histogram::new(),
             roundtrip: Histogram::new(),
+            kernel: Histogram::new(),
+            kernel_start: Histogram::new(),
+            kernel_steps: Histogram::new(),
+            transport: Histogram::new(),
         }
     }
 }
@@ -114,6 +130,10 @@ pub struct LatencyJson {
     wake: Option<Percentiles>,
     verify: Option<Percentiles>,
     roundtrip: Option<Percentiles>,
+    kernel: Option<Percentiles>,
+    kernel_start: Option<Percentiles>,
+    kernel_steps: Option<Percentiles>,
+    transport: Option<Percentiles>,
 }
 
 impl LatencyJson {
@@ -124,6 +144,10 @@ impl LatencyJson {
             wake: l.wake.percentiles(),
             verify: l.verify.percentiles(),
             roundtrip: l.roundtrip.percentiles(),
+            kernel: l.kernel.percentiles(),
+            kernel_start: l.kernel_start.percentiles(),
+            kernel_steps: l.kernel_steps.percentiles(),
+            transport: l.transport.percentiles(),
         }
     }
 }

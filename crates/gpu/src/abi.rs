@@ -142,6 +142,13 @@ abi_structs! {
         pub count: u32,
         pub expanded: u32,
         pub computed: u32,
+        pub picked: u64,
+        pub start_ns: u32,
+        pub search_ns: u32,
+        pub steps: u32,
+        pub pad0: u32,
+        pub pad1: u32,
+        pub pad2: u32,
     }
 
     pub struct ResultHit {

@@ -1,6 +1,10 @@
 //! Throughput: `threads` submitters, each submit -> wait in a loop for
 //! `secs` (and at least until every query was answered once); queries/s,
-//! p50/p99 latency (submit to answer) and recall@10.
+//! p50/p99 latency (submit to answer) and recall@10, and the latency's
+//! breakdown: the kernel's own time (its clock: the first CTA taking the
+//! query to the last one's hits written), its start and steps, and the
+//! rest (the request's copy and slot word, the wake-up, the fences and the
+//! finish word, the host seeing it).
 
 use std::process::exit;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -26,12 +30,21 @@ struct Run {
     computed: f64,
     expanded: f64,
     capped: usize,
+    /// p50 of the kernel's span, of its start, of the rest (µs); mean steps
+    kernel_us: f64,
+    start_us: f64,
+    rest_us: f64,
+    steps: f64,
 }
 
 /// What every submitter adds up.
 #[derive(Default)]
 struct Tally {
     latencies_ns: Vec<u64>,
+    /// per answer: the kernel's span, its start (ns) and steps
+    gpu: Vec<(u64, u64, u64)>,
+    /// per answer: latency less the kernel's span (ns)
+    rest_ns: Vec<u64>,
     first: Vec<(usize, Vec<f64>)>,
     computed: u64,
     expanded: u64,
@@ -72,7 +85,11 @@ impl Runs<'_> {
             let r = self.server.submit_plan(self.id, &self.ix.l2_queries[i % nq], K, plan);
             match r.and_then(|mut tk| self.server.wait(&mut tk, WAIT)) {
                 Ok(a) => {
-                    t.latencies_ns.push(start.elapsed().as_nanos() as u64);
+                    let ns = start.elapsed().as_nanos() as u64;
+                    t.latencies_ns.push(ns);
+                    let g = a.times;
+                    t.gpu.push((g.span_ns as u64, g.start_ns as u64, g.steps as u64));
+                    t.rest_ns.push(ns.saturating_sub(g.span_ns as u64));
                     (t.computed, t.expanded) = (t.computed + a.computed as u64, t.expanded + a.expanded as u64);
                     t.capped += (a.capped > 0) as usize;
                     if i < nq {
@@ -106,6 +123,8 @@ impl Runs<'_> {
                     let t = self.submitter(plan, &next, &stop, t0);
                     let mut a = all.lock();
                     a.latencies_ns.extend(t.latencies_ns);
+                    a.gpu.extend(t.gpu);
+                    a.rest_ns.extend(t.rest_ns);
                     a.first.extend(t.first);
                     (a.computed, a.expanded, a.capped, a.errors) =
                         (a.computed + t.computed, a.expanded + t.expanded, a.capped + t.capped, a.errors + t.errors);
@@ -122,7 +141,14 @@ impl Runs<'_> {
             found[qi] = d;
         }
         let answered = a.latencies_ns.len();
+        let mut span: Vec<u64> = a.gpu.iter().map(|g| g.0).collect();
+        let mut start: Vec<u64> = a.gpu.iter().map(|g| g.1).collect();
+        let steps = a.gpu.iter().map(|g| g.2).sum::<u64>() as f64 / answered.max(1) as f64;
         Run {
+            kernel_us: percentile_us(&mut span, 0.5),
+            start_us: percentile_us(&mut start, 0.5),
+            rest_us: percentile_us(&mut a.rest_ns, 0.5),
+            steps,
             qps: answered as f64 / el,
             p50_us: percentile_us(&mut a.latencies_ns, 0.5),
             p99_us: percentile_us(&mut a.latencies_ns, 0.99),
@@ -175,6 +201,10 @@ impl Runs<'_> {
                         } else {
                             String::new()
                         }
+                    );
+                    let line = format!(
+                        "{line}\n{:>14} p50: kernel {:.1} us (start {:.1} us, {:.1} steps), rest {:.1} us",
+                        "", r.kernel_us, r.start_us, r.steps, r.rest_us
                     );
                     if label == "default" {
                         verdict.check(ok, line);

@@ -100,4 +100,4 @@ pub use merge::merge_lists;
 pub use plan::{QueryPlan, SearchPolicy, ServerConfig, DEFAULT_CTAS_PER_SLOT};
 pub use registry::{Patch, ResidentId, ResidentInfo};
 pub use server::{SearchError, SearchServer, ServerInfo, Ticket};
-pub use slots::Answer;
+pub use slots::{Answer, KernelTimes};

@@ -44,6 +44,20 @@ pub struct Answer {
     pub computed: u32,
     /// CTAs stopped by the iteration cap
     pub capped: u32,
+    /// where its time went on the GPU
+    pub times: KernelTimes,
+}
+
+/// Where a query's time went on the GPU, by the kernel's clock
+/// (%globaltimer, ns): the latency breakdown's GPU part.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct KernelTimes {
+    /// the first CTA taking the query → the last one's hits written
+    pub span_ns: u32,
+    /// the slowest CTA's start: the entry point, its seeds and the entry's list
+    pub start_ns: u32,
+    /// the most steps (expansion rounds) a CTA took
+    pub steps: u32,
 }
 
 /// The host's view of a slot, under its mutex.
@@ -393,6 +407,7 @@ impl Slots {
         let (ctas, k, cmd) = (st.ctas as usize, st.k as usize, st.cmd);
         let mut lists: Vec<Vec<(f32, u32)>> = Vec::with_capacity(ctas);
         let (mut expanded, mut computed, mut capped) = (0u32, 0u32, 0u32);
+        let (mut first, mut last, mut times) = (u64::MAX, 0u64, KernelTimes::default());
         let mut bad = None;
         for c in 0..ctas {
             let at = slot as usize * self.z.result_stride + c * self.z.cta_block;
@@ -415,6 +430,10 @@ impl Slots {
             expanded = expanded.saturating_add(head.expanded);
             computed = computed.saturating_add(head.computed);
             capped += (head.expanded >= st.max_expand) as u32;
+            first = first.min(head.picked);
+            last = last.max(head.picked + head.search_ns as u64);
+            times.start_ns = times.start_ns.max(head.start_ns);
+            times.steps = times.steps.max(head.steps);
             lists.push(hits.iter().map(|h| (h.dist, h.id)).collect());
         }
         self.release(slot, st);
@@ -423,7 +442,8 @@ impl Slots {
         }
         let refs: Vec<&[(f32, u32)]> = lists.iter().map(|v| v.as_slice()).collect();
         let hits = merge_lists(&refs, k, |v| res.is_result(v));
-        Ok(Answer { hits, expanded, computed, capped })
+        times.span_ns = last.saturating_sub(first).min(u32::MAX as u64) as u32;
+        Ok(Answer { hits, expanded, computed, capped, times })
     }
 
     /// A dropped ticket: the slot comes back now if the GPU has finished it,

@@ -121,9 +121,9 @@ struct FilterParams {
 #define GG_METRIC_L2 0u  // squared L2 over the stored vectors (L2, cosine)
 #define GG_METRIC_IP 1u  // -dot over the first stored_dim - 1 coordinates
 // Dynamic shared memory of one CTA: the query, two lists (distance, id) of
-// list_cap, the candidate buffer, 32 entries to merge and 32 selected ids.
+// list_cap, the candidate buffer and 32 selected ids.
 #define GG_SEARCH_SMEM_BYTES(max_qwords, list_cap) \
-    (4u * (max_qwords) + 16u * (list_cap) + 8u * GG_CAND_CAP + 8u * 32u + 4u * 32u)
+    (4u * (max_qwords) + 16u * (list_cap) + 8u * GG_CAND_CAP + 4u * 32u)
 
 // A resident index (a table of these in device memory, one per index).
 struct IndexDesc {
@@ -169,6 +169,12 @@ struct ResultHead {
     u32 start_ns;    // picked -> the entry point, seeds and entry's list absorbed
     u32 search_ns;   // picked -> its hits written (then: the fences, the finish word)
     u32 steps;       // steps of the search loop (expansion rounds)
+    // SM cycles (clock64): the query's whole search, and of it the visited
+    // claims, the distances, the survivors' merges into the list
+    u32 cycles;
+    u32 claim_cycles;
+    u32 dist_cycles;
+    u32 merge_cycles;
     u32 pad0;
     u32 pad1;
     u32 pad2;

@@ -83,7 +83,7 @@ abi_consts! {
 
 /// abi.h's GG_SEARCH_SMEM_BYTES: dynamic shared memory of one search CTA.
 pub const fn search_smem_bytes(max_qwords: u32, list_cap: u32) -> u32 {
-    4 * max_qwords + 16 * list_cap + 8 * CAND_CAP + 8 * 32 + 4 * 32
+    4 * max_qwords + 16 * list_cap + 8 * CAND_CAP + 4 * 32
 }
 
 abi_structs! {
@@ -146,6 +146,10 @@ abi_structs! {
         pub start_ns: u32,
         pub search_ns: u32,
         pub steps: u32,
+        pub cycles: u32,
+        pub claim_cycles: u32,
+        pub dist_cycles: u32,
+        pub merge_cycles: u32,
         pub pad0: u32,
         pub pad1: u32,
         pub pad2: u32,

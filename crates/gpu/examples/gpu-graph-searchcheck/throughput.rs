@@ -35,6 +35,8 @@ struct Run {
     start_us: f64,
     rest_us: f64,
     steps: f64,
+    /// the slowest CTA's mean cycles, claim, dist, merge
+    cycles: [f64; 4],
 }
 
 /// What every submitter adds up.
@@ -43,6 +45,8 @@ struct Tally {
     latencies_ns: Vec<u64>,
     /// per answer: the kernel's span, its start (ns) and steps
     gpu: Vec<(u64, u64, u64)>,
+    /// summed over answers: the slowest CTA's cycles, claim, dist, merge
+    cycles: [u64; 4],
     /// per answer: latency less the kernel's span (ns)
     rest_ns: Vec<u64>,
     first: Vec<(usize, Vec<f64>)>,
@@ -89,6 +93,9 @@ impl Runs<'_> {
                     t.latencies_ns.push(ns);
                     let g = a.times;
                     t.gpu.push((g.span_ns as u64, g.start_ns as u64, g.steps as u64));
+                    for (a, b) in t.cycles.iter_mut().zip([g.cycles, g.claim_cycles, g.dist_cycles, g.merge_cycles]) {
+                        *a += b as u64;
+                    }
                     t.rest_ns.push(ns.saturating_sub(g.span_ns as u64));
                     (t.computed, t.expanded) = (t.computed + a.computed as u64, t.expanded + a.expanded as u64);
                     t.capped += (a.capped > 0) as usize;
@@ -124,6 +131,9 @@ impl Runs<'_> {
                     let mut a = all.lock();
                     a.latencies_ns.extend(t.latencies_ns);
                     a.gpu.extend(t.gpu);
+                    for (x, y) in a.cycles.iter_mut().zip(t.cycles) {
+                        *x += y;
+                    }
                     a.rest_ns.extend(t.rest_ns);
                     a.first.extend(t.first);
                     (a.computed, a.expanded, a.capped, a.errors) =
@@ -149,6 +159,7 @@ impl Runs<'_> {
             start_us: percentile_us(&mut start, 0.5),
             rest_us: percentile_us(&mut a.rest_ns, 0.5),
             steps,
+            cycles: a.cycles.map(|c| c as f64 / answered.max(1) as f64),
             qps: answered as f64 / el,
             p50_us: percentile_us(&mut a.latencies_ns, 0.5),
             p99_us: percentile_us(&mut a.latencies_ns, 0.99),
@@ -203,8 +214,16 @@ impl Runs<'_> {
                         }
                     );
                     let line = format!(
-                        "{line}\n{:>14} p50: kernel {:.1} us (start {:.1} us, {:.1} steps), rest {:.1} us",
-                        "", r.kernel_us, r.start_us, r.steps, r.rest_us
+                        "{line}\n{:>14} p50: kernel {:.1} us (start {:.1} us, {:.1} steps), rest {:.1} us; mean cycles {:.0}: claim {:.0}%, distances {:.0}%, merges {:.0}%",
+                        "",
+                        r.kernel_us,
+                        r.start_us,
+                        r.steps,
+                        r.rest_us,
+                        r.cycles[0],
+                        100.0 * r.cycles[1] / r.cycles[0].max(1.0),
+                        100.0 * r.cycles[2] / r.cycles[0].max(1.0),
+                        100.0 * r.cycles[3] / r.cycles[0].max(1.0)
                     );
                     if label == "default" {
                         verdict.check(ok, line);

@@ -37,8 +37,13 @@ impl Kernel {
     /// resident blocks per SM (0: none).
     pub fn load(gpu: &Gpu, smem: usize, batch_min_blocks: u32) -> Result<Kernel, GpuError> {
         let t = std::time::Instant::now();
-        let opts =
+        let mut opts =
             if batch_min_blocks > 0 { vec![format!("-DGG_BATCH_MIN_BLOCKS={batch_min_blocks}")] } else { vec![] };
+        // a developer's switch for comparing variants of the kernel on the
+        // GPU machine (e.g. "-DGG_OPT_X"): options added to its compile
+        if let Ok(extra) = std::env::var("GPU_GRAPH_SEARCH_NVRTC_OPTIONS") {
+            opts.extend(extra.split_whitespace().map(str::to_string));
+        }
         let module = load_module(&gpu.ctx, &nvrtc::SEARCH_PERSISTENT, &gpu.info.target, &opts)?;
         let func = function(&module, "search_persistent")?;
         if smem > 48 * 1024 {

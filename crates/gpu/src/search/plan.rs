@@ -277,7 +277,7 @@ mod tests {
     fn sizes() {
         let mut z = Sizing::new(&ServerConfig::default()).unwrap();
         assert_eq!((z.ctas, z.max_qwords, z.k_max, z.req_stride), (4, 2048, 256, 8192 + 128));
-        assert_eq!(z.smem, 4 * 2048 + 16 * 256 + 8 * 256 + 256 + 128);
+        assert_eq!(z.smem, 4 * 2048 + 16 * 256 + 8 * 256 + 128);
         z.fit(&ServerConfig::default(), 12, 132).unwrap();
         assert_eq!((z.slots, z.groups), (256, 8));
         assert!(z.fit(&ServerConfig { slots: 500, ..ServerConfig::default() }, 12, 132).is_err());

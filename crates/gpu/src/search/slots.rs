@@ -58,6 +58,12 @@ pub struct KernelTimes {
     pub start_ns: u32,
     /// the most steps (expansion rounds) a CTA took
     pub steps: u32,
+    /// SM cycles of the slowest CTA's search, and of them its visited
+    /// claims, distances and merges
+    pub cycles: u32,
+    pub claim_cycles: u32,
+    pub dist_cycles: u32,
+    pub merge_cycles: u32,
 }
 
 /// The host's view of a slot, under its mutex.
@@ -434,6 +440,10 @@ impl Slots {
             last = last.max(head.picked + head.search_ns as u64);
             times.start_ns = times.start_ns.max(head.start_ns);
             times.steps = times.steps.max(head.steps);
+            if head.cycles >= times.cycles {
+                (times.cycles, times.claim_cycles, times.dist_cycles, times.merge_cycles) =
+                    (head.cycles, head.claim_cycles, head.dist_cycles, head.merge_cycles);
+            }
             lists.push(hits.iter().map(|h| (h.dist, h.id)).collect());
         }
         self.release(slot, st);

@@ -4,7 +4,9 @@
 
 use gpu_graph_engine::flat::FlatIndex;
 use gpu_graph_engine::metric::Metric;
-use gpu_graph_gpu::search::{BatchTicket, Patch, ResidentId, SearchError, SearchServer, ServerConfig, Ticket};
+use gpu_graph_gpu::search::{
+    BatchTicket, HalfRows, Patch, ResidentId, SearchError, SearchServer, ServerConfig, Ticket,
+};
 use gpu_graph_gpu::{Gpu, GpuError};
 
 use std::time::Instant;
@@ -72,8 +74,17 @@ impl GpuSearch {
             // thread, and each group's stream waits for every patch of a
             // copy once (cuStreamWaitEvent): with 8 groups, up to 8 driver
             // calls a patch on the worker's thread, at thousands of patches
-            // a second under inserts
-            let cfg = ServerConfig { allow_fault_injection: true, groups: 1, ..ServerConfig::default() };
+            // a second under inserts. Vectors in fp16, rounded where they
+            // are not exact: every answer's nodes are re-read from the
+            // pages with their exact distances (client::verify), and half
+            // the bytes a distance reads halved the kernel's time at 768
+            // dimensions (docs/benchmarks.md)
+            let cfg = ServerConfig {
+                allow_fault_injection: true,
+                groups: 1,
+                half_rows: HalfRows::Rounded,
+                ..ServerConfig::default()
+            };
             let server = SearchServer::start(&gpu, cfg).map_err(|e| e.to_string())?;
             Ok(GpuSearch { server, gpu, prepared: Default::default() })
         })

@@ -97,7 +97,7 @@ mod slots;
 
 pub use batch::{BatchAnswers, BatchTicket};
 pub use merge::merge_lists;
-pub use plan::{QueryPlan, SearchPolicy, ServerConfig, DEFAULT_CTAS_PER_SLOT};
+pub use plan::{HalfRows, QueryPlan, SearchPolicy, ServerConfig, DEFAULT_CTAS_PER_SLOT};
 pub use registry::{Patch, ResidentId, ResidentInfo};
 pub use server::{SearchError, SearchServer, ServerInfo, Ticket};
 pub use slots::{Answer, KernelTimes};

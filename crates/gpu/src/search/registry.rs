@@ -15,7 +15,7 @@ use half::slice::HalfFloatSliceExt;
 use parking_lot::{Mutex, RwLock};
 use rayon::prelude::*;
 
-use super::plan::Sizing;
+use super::plan::{HalfRows, Sizing};
 use super::server::SearchError;
 use crate::abi::{self, IndexDesc};
 use crate::error::{cuda, GpuError};
@@ -34,7 +34,7 @@ pub struct ResidentInfo {
     pub n: usize,
     pub stored_dim: usize,
     pub degree: usize,
-    /// vectors kept as fp16 (exact)
+    /// vectors kept as fp16 (exact, or rounded: see [`HalfRows`])
     pub half: bool,
     /// device bytes (vectors, adjacency, flags)
     pub bytes: usize,
@@ -173,13 +173,13 @@ pub(crate) struct Registry {
     patched: CudaEvent,
     patch_epoch: AtomicU64,
     next_gen: AtomicU32,
-    half_when_exact: bool,
+    half: HalfRows,
     max_dim: usize,
     max_qwords: usize,
 }
 
 impl Registry {
-    pub fn new(z: &Sizing, max_dim: usize, half_when_exact: bool, mgmt: Arc<CudaStream>) -> Result<Registry, GpuError> {
+    pub fn new(z: &Sizing, max_dim: usize, half: HalfRows, mgmt: Arc<CudaStream>) -> Result<Registry, GpuError> {
         let table = zeroed(&mgmt, z.max_indexes * size_of::<IndexDesc>(), "the index table")?;
         let mgmt_ctx = &mgmt.context().clone();
         Ok(Registry {
@@ -190,7 +190,7 @@ impl Registry {
             patched: mgmt_ctx.new_event(None).map_err(|e| cuda("creating an event", e))?,
             patch_epoch: AtomicU64::new(0),
             next_gen: AtomicU32::new(1),
-            half_when_exact,
+            half,
             max_dim,
             max_qwords: z.max_qwords,
         })
@@ -211,15 +211,18 @@ impl Registry {
     pub fn load(&self, index: &FlatIndex) -> Result<ResidentId, SearchError> {
         let n = self.check(index)?;
         let dim = index.stored_dim;
-        // fp16 rows when they hold every value exactly, else fp32
-        let (fmt, rows) =
-            match self.half_when_exact.then(|| encode_rows(&index.vectors, dim, &RowFormat::new(dim, true))) {
-                Some(Some(rows)) => (RowFormat::new(dim, true), rows),
-                _ => {
-                    let fmt = RowFormat::new(dim, false);
-                    (fmt, encode_rows(&index.vectors, dim, &fmt).expect("fp32 rows hold any value"))
-                }
-            };
+        // fp16 rows when the registry's rule takes them, else fp32
+        let round = self.half == HalfRows::Rounded;
+        let half = (self.half != HalfRows::Never)
+            .then(|| encode_rows(&index.vectors, dim, &RowFormat::new(dim, true), round))
+            .flatten();
+        let (fmt, rows) = match half {
+            Some(rows) => (RowFormat::new(dim, true), rows),
+            None => {
+                let fmt = RowFormat::new(dim, false);
+                (fmt, encode_rows(&index.vectors, dim, &fmt, false).expect("fp32 rows hold any value"))
+            }
+        };
         if fmt.qwords > self.max_qwords {
             return Err(SearchError::Invalid(format!("stored dimension {dim} too large")));
         }
@@ -425,7 +428,9 @@ impl Registry {
             return Err(SearchError::Invalid("a patch beyond its node count".into()));
         }
         // the rows in the device's format, checked before anything changes
-        let Some(rows) = p.rows.iter().map(|r| encode_rows(&r.2, dim, &res.fmt)).collect::<Option<Vec<_>>>() else {
+        let round = self.half == HalfRows::Rounded;
+        let Some(rows) = p.rows.iter().map(|r| encode_rows(&r.2, dim, &res.fmt, round)).collect::<Option<Vec<_>>>()
+        else {
             return Ok(false);
         };
         // deletions show on the host at once: answers are filtered by it
@@ -629,11 +634,11 @@ impl<'a> Upload<'a> {
 }
 
 /// The device rows of `vectors` (`dim` values each) in format `fmt`,
-/// zero-padded to 16 bytes; None when fp16 rows cannot hold every value
-/// exactly. Slice conversions (F16C where the CPU has it: a value at a time
+/// zero-padded to 16 bytes; None when fp16 rows cannot hold every value:
+/// exactly, or with `round` within fp16's range (finite, |x| <= 65504). Slice conversions (F16C where the CPU has it: a value at a time
 /// took tens of microseconds for a patch's page of rows), in parallel
 /// blocks only when there are many rows.
-fn encode_rows(vectors: &[f32], dim: usize, fmt: &RowFormat) -> Option<Vec<u8>> {
+fn encode_rows(vectors: &[f32], dim: usize, fmt: &RowFormat, round: bool) -> Option<Vec<u8>> {
     const BLOCK: usize = 1024;
     let rb = fmt.row_bytes();
     let mut out = vec![0u8; vectors.len() / dim * rb];
@@ -650,7 +655,9 @@ fn encode_rows(vectors: &[f32], dim: usize, fmt: &RowFormat) -> Option<Vec<u8>> 
         h.convert_from_f32_slice(v);
         let mut back = vec![0.0f32; v.len()];
         h.convert_to_f32_slice(&mut back);
-        if !v.iter().zip(&back).all(|(x, b)| x.is_finite() && x.to_bits() == b.to_bits()) {
+        let held =
+            |(x, b): (&f32, &f32)| x.is_finite() && if round { b.is_finite() } else { x.to_bits() == b.to_bits() };
+        if !v.iter().zip(&back).all(held) {
             return false;
         }
         for (o, r) in o.chunks_exact_mut(rb).zip(h.chunks(dim)) {
@@ -673,6 +680,15 @@ mod tests {
     use super::*;
 
     #[test]
+    fn rounded_fp16_rows_within_range() {
+        let rows = encode_rows(&[1.0, 0.1, -3.3], 3, &RowFormat::new(3, true), true).unwrap();
+        assert_eq!(&rows[2..4], &half::f16::from_f32(0.1).to_le_bytes());
+        assert_eq!(&rows[4..6], &half::f16::from_f32(-3.3).to_le_bytes());
+        assert!(encode_rows(&[1.0, 70000.0, 3.0], 3, &RowFormat::new(3, true), true).is_none());
+        assert!(encode_rows(&[1.0, f32::NAN, 3.0], 3, &RowFormat::new(3, true), true).is_none());
+    }
+
+    #[test]
     fn fp16_rows_only_when_exact() {
         for v in [
             0.0f32,
@@ -686,12 +702,13 @@ mod tests {
             2.0f32.powi(-24),
             3.0 * 2.0f32.powi(-20),
         ] {
-            let row = encode_rows(&[v], 1, &RowFormat::new(1, true)).unwrap_or_else(|| panic!("{v} should convert"));
+            let row =
+                encode_rows(&[v], 1, &RowFormat::new(1, true), false).unwrap_or_else(|| panic!("{v} should convert"));
             let h = half::f16::from_le_bytes([row[0], row[1]]);
             assert_eq!(h.to_f32().to_bits(), v.to_bits(), "{v}");
         }
         for v in [0.1f32, 65505.0, 1e6, 2.0f32.powi(-25), 1.0 + 2.0f32.powi(-11), f32::NAN, f32::INFINITY] {
-            assert!(encode_rows(&[v], 1, &RowFormat::new(1, true)).is_none(), "{v} is not exact in half");
+            assert!(encode_rows(&[v], 1, &RowFormat::new(1, true), false).is_none(), "{v} is not exact in half");
         }
     }
 
@@ -709,20 +726,20 @@ mod tests {
         assert_eq!((r.chunks, r.lanes), (500, 32));
         let r = RowFormat::new(768, false);
         assert_eq!((r.chunks, r.lanes), (192, 16));
-        let rows = encode_rows(&[1.0, 2.0, 3.0], 3, &RowFormat::new(3, false)).unwrap();
+        let rows = encode_rows(&[1.0, 2.0, 3.0], 3, &RowFormat::new(3, false), false).unwrap();
         assert_eq!(rows.len(), 16);
         assert_eq!(&rows[4..8], &2.0f32.to_le_bytes());
         // fp16: exact values only, each row padded to its 16 bytes
-        let rows = encode_rows(&[1.0, 0.5, -2.0, 3.0, 4.0, 65504.0], 3, &RowFormat::new(3, true)).unwrap();
+        let rows = encode_rows(&[1.0, 0.5, -2.0, 3.0, 4.0, 65504.0], 3, &RowFormat::new(3, true), false).unwrap();
         assert_eq!(rows.len(), 32);
         assert_eq!(&rows[2..4], &half::f16::from_f32(0.5).to_le_bytes());
         assert_eq!(&rows[6..16], &[0u8; 10]);
         assert_eq!(&rows[20..22], &half::f16::from_f32(65504.0).to_le_bytes());
-        assert!(encode_rows(&[1.0, 0.1, 3.0], 3, &RowFormat::new(3, true)).is_none());
-        assert!(encode_rows(&[1.0, f32::INFINITY, 3.0], 3, &RowFormat::new(3, true)).is_none());
+        assert!(encode_rows(&[1.0, 0.1, 3.0], 3, &RowFormat::new(3, true), false).is_none());
+        assert!(encode_rows(&[1.0, f32::INFINITY, 3.0], 3, &RowFormat::new(3, true), false).is_none());
         // more rows than a block, in parallel
         let many: Vec<f32> = (0..3 * 5000).map(|i| (i % 2048) as f32).collect();
-        let rows = encode_rows(&many, 3, &RowFormat::new(3, true)).unwrap();
+        let rows = encode_rows(&many, 3, &RowFormat::new(3, true), false).unwrap();
         assert_eq!(&rows[16 * 4999..16 * 4999 + 2], &half::f16::from_f32(many[3 * 4999]).to_le_bytes());
     }
 }

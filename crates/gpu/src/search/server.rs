@@ -191,7 +191,7 @@ impl SearchServer {
             gpu.reserve(z.device_bytes() + batch_bytes, "the GPU search server")?;
             let mgmt = gpu.ctx.new_stream().map_err(|e| cuda("creating a stream", e))?;
             let slots = Slots::new(&gpu.ctx, &z, &mgmt)?;
-            let registry = Registry::new(&z, cfg.max_dim, cfg.half_when_exact, mgmt)?;
+            let registry = Registry::new(&z, cfg.max_dim, cfg.half_rows, mgmt)?;
             let batch = BatchKernel::new(
                 gpu,
                 &kernel.module,

@@ -247,12 +247,16 @@ __device__ __forceinline__ void distances_t(const unsigned char* vec, u32 chunks
 __device__ __forceinline__ void distances(const IndexDesc& ix, const float* q, const u32* ci, float* cd, u32 m,
                                           u32 lane) {
     const unsigned char* vec = (const unsigned char*)ix.vectors;
+    // (more lanes a vector when a step brings few candidates, each lane's
+    // share of a row then shorter, changed nothing on the H200: a step's
+    // distances wait on the rows' loads, not on the arithmetic)
+    const u32 G = ix.lanes;
     if (ix.half) {
-        if (ix.metric == GG_METRIC_IP) distances_t<true, true>(vec, ix.chunks, ix.lanes, q, ci, cd, m, lane);
-        else distances_t<true, false>(vec, ix.chunks, ix.lanes, q, ci, cd, m, lane);
+        if (ix.metric == GG_METRIC_IP) distances_t<true, true>(vec, ix.chunks, G, q, ci, cd, m, lane);
+        else distances_t<true, false>(vec, ix.chunks, G, q, ci, cd, m, lane);
     } else {
-        if (ix.metric == GG_METRIC_IP) distances_t<false, true>(vec, ix.chunks, ix.lanes, q, ci, cd, m, lane);
-        else distances_t<false, false>(vec, ix.chunks, ix.lanes, q, ci, cd, m, lane);
+        if (ix.metric == GG_METRIC_IP) distances_t<false, true>(vec, ix.chunks, G, q, ci, cd, m, lane);
+        else distances_t<false, false>(vec, ix.chunks, G, q, ci, cd, m, lane);
     }
 }
 

@@ -62,6 +62,7 @@ typedef unsigned char u8;
 #define GG_FILTER_NSG 1u
 #define GG_FILTER_VAMANA 2u
 #define GG_FILTER_CAGRA 3u
+#define GG_FILTER_TSDG_ORDER 4u
 // One warp per row, this many warps per block.
 #define GG_FILTER_WARPS 8u
 
@@ -73,7 +74,7 @@ struct FilterParams {
     u64 starts;   // rows + 1 u32
     u64 ids;      // the candidates (u32)
     u64 dists;    // their squared distances to the row's node (float)
-    u64 work;     // a u32 per candidate: CAGRA's detour counts
+    u64 work;     // a u32 per candidate: the detour counts (CAGRA, TSDG's order)
     u64 out;      // rows x degree u32: the kept ids, GG_NO_NODE padded
     u32 rows;
     u32 degree;
@@ -81,6 +82,8 @@ struct FilterParams {
     u32 lanes;  // lanes per distance, a power of two <= 32
     u32 rule;   // GG_FILTER_*
     float factor;  // Filter::factor: alpha squared for Vamana, else 1
+    u32 max_lambda;  // TSDG's order: edges occluded by more are dropped
+    u32 pad0;
 };
 
 // --------------------------------------------- exact k-NN (knn_exact.cu)

@@ -16,6 +16,9 @@
 //     ranks its candidates by (detours, index) against all the row's; those
 //     ranked below `degree` are kept, in candidate order, as the engine's
 //     stable sort and truncate do.
+//   * TSDG's order (its second stage): the same detour counts (its lambda),
+//     then the candidates with at most `max_lambda` in (lambda, index)
+//     order, each written at its rank (filter.rs's tsdg_order).
 //
 // Rows come one after another (FilterParams.starts), so the store's lists,
 // whose lengths vary widely, take no padding.
@@ -77,8 +80,9 @@ __device__ void serial_row(const FilterParams& p, Vecs V, u32 row, u32 lane, u32
     for (u32 j = lane; j < p.degree; j += 32) out[j] = j < nk ? kept[j] : GG_NO_NODE;
 }
 
-// CAGRA's rank-based filter on one row.
+// CAGRA's rank-based filter, or TSDG's order, on one row.
 __device__ void cagra_row(const FilterParams& p, Vecs V, u32 row, u32 lane) {
+    const bool tsdg = p.rule == GG_FILTER_TSDG_ORDER;
     const u32* starts = (const u32*)p.starts;
     const u32* cand = (const u32*)p.ids + starts[row];
     const float* cand_d = (const float*)p.dists + starts[row];
@@ -105,17 +109,17 @@ __device__ void cagra_row(const FilterParams& p, Vecs V, u32 row, u32 lane) {
     for (u32 b = 0; b < C; b += 32) {
         const u32 i = b + lane;
         bool keep = false;
+        u32 rank = 0;
         if (i < C) {
             const u32 di = det[i];
-            u32 rank = 0;
             for (u32 j = 0; j < C && rank < p.degree; ++j) {
                 const u32 dj = det[j];
-                rank += dj < di || (dj == di && j < i);
+                rank += (!tsdg || dj <= p.max_lambda) && (dj < di || (dj == di && j < i));
             }
-            keep = rank < p.degree;
+            keep = rank < p.degree && (!tsdg || di <= p.max_lambda);
         }
         const u32 m = __ballot_sync(FULL_MASK, keep);
-        if (keep) out[nk + __popc(m & lanemask_lt())] = cand[i];
+        if (keep) out[tsdg ? rank : nk + __popc(m & lanemask_lt())] = cand[i];
         nk += __popc(m);
     }
     for (u32 j = nk + lane; j < p.degree; j += 32) out[j] = GG_NO_NODE;
@@ -129,7 +133,7 @@ extern "C" __global__ void __launch_bounds__(GG_FILTER_WARPS * 32) filter_rows(c
     const u32 row = blockIdx.x * GG_FILTER_WARPS + warp;
     if (row >= p.rows) return;  // whole warp
     const Vecs V = {(const void*)p.vectors, p.dp, 0u};
-    if (p.rule == GG_FILTER_CAGRA) {
+    if (p.rule == GG_FILTER_CAGRA || p.rule == GG_FILTER_TSDG_ORDER) {
         cagra_row(p, V, row, lane);
     } else {
         serial_row(p, V, row, lane, filter_words + (u64)warp * 2 * p.degree);

@@ -22,6 +22,10 @@ pub enum Filter {
     /// candidates offer a detour (k with d(v, k) < d(v, c) and
     /// d(k, c) < d(v, c)), then by rank; the first `degree` kept
     Cagra,
+    /// TSDG's second stage, an order more than a filter: the candidates by
+    /// (lambda, distance), lambda being the detours CAGRA counts; those
+    /// with more than `max_lambda` dropped (see [`tsdg_order`])
+    TsdgOrder { max_lambda: usize },
 }
 
 impl Filter {
@@ -35,9 +39,10 @@ impl Filter {
         }
     }
 
-    /// The kept candidates, at most `degree`. `cands`: (id, squared
-    /// distance to the node), ascending, distinct, the node absent;
-    /// `vectors` their stored vectors in that order.
+    /// The kept candidates, at most `degree`, in ascending distance (TSDG's
+    /// order: in its order). `cands`: (id, squared distance to the node),
+    /// ascending, distinct, the node absent; `vectors` their stored vectors
+    /// in that order.
     pub fn apply(self, cands: &[(u32, f32)], vectors: &[f32], dim: usize, degree: usize) -> Vec<(u32, f32)> {
         let row = |i: usize| &vectors[i * dim..(i + 1) * dim];
         match self {
@@ -58,6 +63,11 @@ impl Filter {
                 order.truncate(degree);
                 order.sort_unstable();
                 order.into_iter().map(|i| cands[i]).collect()
+            }
+            Filter::TsdgOrder { max_lambda } => {
+                let mut kept = tsdg_order(cands, vectors, dim, max_lambda);
+                kept.truncate(degree);
+                kept
             }
         }
     }

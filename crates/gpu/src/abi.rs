@@ -58,6 +58,7 @@ abi_consts! {
     FILTER_NSG: u32 = 1;
     FILTER_VAMANA: u32 = 2;
     FILTER_CAGRA: u32 = 3;
+    FILTER_TSDG_ORDER: u32 = 4;
     FILTER_WARPS: u32 = 8;
     // exact k-NN tiles
     KNN_BM: u32 = 128;
@@ -101,6 +102,8 @@ abi_structs! {
         pub lanes: u32,
         pub rule: u32,
         pub factor: f32,
+        pub max_lambda: u32,
+        pub pad0: u32,
     }
 
     /// A resident index, one entry of the index table in device memory.

@@ -22,6 +22,7 @@ fn rule(filter: Filter) -> u32 {
         Filter::Nsg => abi::FILTER_NSG,
         Filter::Vamana { .. } => abi::FILTER_VAMANA,
         Filter::Cagra => abi::FILTER_CAGRA,
+        Filter::TsdgOrder { .. } => abi::FILTER_TSDG_ORDER,
     }
 }
 
@@ -77,7 +78,8 @@ impl FilterRows for GpuFilters<'_> {
             let starts_d = st.clone_htod(&starts).map_err(|e| up("the row starts", e))?;
             let ids_d = st.clone_htod(&ids).map_err(|e| up("the candidates", e))?;
             let dists_d = st.clone_htod(&dists).map_err(|e| up("the candidates", e))?;
-            let work_len = if filter == Filter::Cagra { total } else { 1 };
+            let counts = matches!(filter, Filter::Cagra | Filter::TsdgOrder { .. });
+            let work_len = if counts { total } else { 1 };
             let work = zeroed::<u32>(st, work_len, "the detour counts")?;
             let out = zeroed::<u32>(st, rows.len() * degree, "the kept lists")?;
             let p = FilterParams {
@@ -93,6 +95,11 @@ impl FilterRows for GpuFilters<'_> {
                 lanes: lanes_for(self.dv.dp, 0),
                 rule: rule(filter),
                 factor: filter.factor(),
+                max_lambda: match filter {
+                    Filter::TsdgOrder { max_lambda } => max_lambda.min(u32::MAX as usize) as u32,
+                    _ => 0,
+                },
+                pad0: 0,
             };
             let w = abi::FILTER_WARPS as usize;
             let cfg = LaunchConfig {

@@ -24,7 +24,8 @@ pub const PER_ROW: usize = 64;
 /// Rows of the base the checks read (brute force over them).
 const BASE_ROWS: usize = 20_000;
 
-const FILTERS: [Filter; 4] = [Filter::Rng, Filter::Nsg, Filter::Vamana { alpha: 1.2 }, Filter::Cagra];
+const FILTERS: [Filter; 5] =
+    [Filter::Rng, Filter::Nsg, Filter::Vamana { alpha: 1.2 }, Filter::Cagra, Filter::TsdgOrder { max_lambda: 4 }];
 
 /// Whether `differ` of `of` may differ: none on integer data, 1% else.
 fn within(differ: usize, of: usize, integral: bool) -> bool {

@@ -29,6 +29,10 @@ struct ScanState {
     query: Vec<f32>,
     /// the nodes of the worker's round, when it answered the first one
     handed: Option<Vec<u32>>,
+    /// of those, the ones not read from the pages yet (worker::first_round)
+    rest: Vec<u32>,
+    /// the meta page as the scan read it
+    meta: Option<Meta>,
     search: Option<Search>,
     batch: VecDeque<Hit>,
     rounds: u32,
@@ -60,6 +64,8 @@ pub unsafe extern "C-unwind" fn ambeginscan(
         metric: Metric::L2,
         query: Vec::new(),
         handed: None,
+        rest: Vec::new(),
+        meta: None,
         search: None,
         batch: VecDeque::new(),
         rounds: 0,
@@ -100,6 +106,8 @@ pub unsafe extern "C-unwind" fn amrescan(
     };
     st.search = None;
     st.handed = None;
+    st.rest = Vec::new();
+    st.meta = None;
     st.store = None;
     st.batch.clear();
     st.rounds = 0;
@@ -147,12 +155,14 @@ unsafe fn start(scan: pg_sys::IndexScanDesc, st: &mut ScanState) {
             Some(answer) => {
                 st.batch = answer.hits.into();
                 st.handed = Some(answer.handed);
+                st.rest = answer.rest;
                 st.rounds = 1;
             }
             None => st.search = Some(Search::new(&store, st.metric, &query)),
         }
         st.query = query;
         st.store = Some(store);
+        st.meta = Some(meta);
     }
 }
 
@@ -201,11 +211,18 @@ pub unsafe extern "C-unwind" fn amgettuple(scan: pg_sys::IndexScanDesc, _dir: pg
                 *(*scan).xs_orderbynulls = st.null_query;
                 return true;
             }
+            let store = st.store.as_ref().unwrap();
+            if !st.rest.is_empty() {
+                // the rest of the worker's round, still the first round
+                let rest = std::mem::take(&mut st.rest);
+                let meta = st.meta.as_ref().expect("a started scan read its meta page");
+                st.batch = worker::verify_nodes(store, meta, &st.query, &rest).into();
+                continue;
+            }
             if !admit::another_round(mode, st.rounds) {
                 return false;
             }
             pg_sys::check_for_interrupts!();
-            let store = st.store.as_ref().unwrap();
             if st.search.is_none() {
                 // the worker answered the first round: go on from its nodes
                 worker::cpu_after_worker();

@@ -320,14 +320,25 @@ impl Slots {
         st.max_expand = plan.max_expand.max(1);
         if hold {
             group.held.lock().push((slot, cmd, src.len()));
-            return Ok(cmd);
+        } else {
+            self.send_one(stream, slot, cmd, src.len())?;
         }
-        // SAFETY: the destination is this slot's request buffer; the source is
-        // pinned and stays untouched until the kernel has read it.
-        unsafe { result::memcpy_htod_async(device_addr(&self.reqs) + at as u64, src, stream.cu_stream()) }
-            .map_err(|e| format!("copying a query: {e:?}"))?;
-        self.write_cmd(slot, cmd)?;
         Ok(cmd)
+    }
+
+    /// Copies the first `bytes` of `slot`'s staged request to the device and
+    /// writes its slot word `cmd` after it on `stream`.
+    fn send_one(&self, stream: &CudaStream, slot: u32, cmd: u32, bytes: usize) -> Result<(), String> {
+        let at = slot as usize * self.z.req_stride;
+        // SAFETY: the slot's staging bytes, filled by `send`; the
+        // destination is this slot's request buffer; the source is pinned
+        // and stays untouched until the kernel has read it.
+        unsafe {
+            let src = std::slice::from_raw_parts(self.staging.ptr().add(at), bytes);
+            result::memcpy_htod_async(device_addr(&self.reqs) + at as u64, src, stream.cu_stream())
+        }
+        .map_err(|e| format!("copying a query: {e:?}"))?;
+        self.write_cmd(slot, cmd)
     }
 
     /// Sends the requests `send` held, each group's with two driver calls
@@ -341,17 +352,7 @@ impl Slots {
             let held = std::mem::take(&mut *g.held.lock());
             match held.as_slice() {
                 [] => continue,
-                &[(slot, cmd, bytes)] => {
-                    let at = slot as usize * self.z.req_stride;
-                    // SAFETY: as in `send`: the slot's staging bytes, filled there.
-                    let src = unsafe { std::slice::from_raw_parts(self.staging.ptr().add(at), bytes) };
-                    // SAFETY: as in `send`.
-                    unsafe {
-                        result::memcpy_htod_async(device_addr(&self.reqs) + at as u64, src, g.stream.cu_stream())
-                    }
-                    .map_err(|e| format!("copying a query: {e:?}"))?;
-                    self.write_cmd(slot, cmd)?;
-                }
+                &[(slot, cmd, bytes)] => self.send_one(&g.stream, slot, cmd, bytes)?,
                 many => {
                     g.stream.context().bind_to_thread().map_err(|e| format!("binding the context: {e:?}"))?;
                     let copies: Vec<(u64, *const u8, usize)> = many

@@ -103,6 +103,22 @@ struct FilterParams {
     (2u * 128u * (GG_KNN_KC + GG_KNN_KPAD) * 2u + GG_KNN_BM * (GG_KNN_BN + GG_KNN_DPAD) * 4u + \
      (GG_KNN_BM + GG_KNN_BN) * 4u)
 
+// ------------------------------ GNN-Descent's k-NN graph (knn_descent.cu)
+
+// List slots: distance bits << 32 | flags | id (ids below 2^30); all ones
+// is an empty slot. Rows are staged as knn_exact.cu's (fp16, dk a multiple
+// of GG_KNN_KC, rows padded by GG_KNN_KPAD halves in shared memory).
+#define GG_GNND_K 32u          // neighbours a list keeps
+#define GG_GNND_CAND 32u       // candidates offered to a node in one join round
+#define GG_GNND_SAMPLE 8u      // ids of each kind a join takes: new, old, reverse new, reverse old
+#define GG_GNND_EXPAND 2u      // phase 2: nearest unexpanded neighbours whose lists a node reads
+#define GG_GNND_WARPS 4u       // warps a block (one node a warp)
+#define GG_GNND_NEW 0x80000000u   // not yet in a local join (NN-Descent's new flag)
+#define GG_GNND_DONE 0x40000000u  // its list already expanded in phase 2
+#define GG_GNND_ID_MASK 0x3FFFFFFFu
+// Shared memory of gnnd_join: each warp stages 32 rows of one chunk.
+#define GG_GNND_JOIN_SMEM_BYTES (GG_GNND_WARPS * 32u * (GG_KNN_KC + GG_KNN_KPAD) * 2u)
+
 // ----------------------------- the persistent search (search_persistent.cu)
 
 // Slot words (cmd[slot]): seq << GG_CMD_CTAS_BITS | (ctas - 1), seq =

@@ -1,6 +1,7 @@
 // Device helpers shared by the kernels of this folder: one definition of the
 // random mix, the fp16 conversion, the warp masks, the (distance, id) order,
-// the squared-L2 distance of a lane group and the one prune rule.
+// the squared-L2 distance of a lane group, the tensor-core step and the one
+// prune rule.
 //
 // Handed to NVRTC from memory with abi.h (crates/gpu/src/nvrtc.rs); like the
 // kernels it includes nothing else: everything is a compiler built-in or
@@ -95,6 +96,19 @@ __device__ __forceinline__ float group_dist(Vecs V, u32 a, u32 b, u32 sub, u32 G
     }
     for (u32 m = G >> 1; m > 0; m >>= 1) acc += __shfl_xor_sync(FULL_MASK, acc, m);
     return acc;
+}
+
+// One tensor-core step, D += A B (m16n8k16, fp16 in, fp32 accumulate), as
+// inline PTX (NVRTC has no mma.h on a driver-only machine). Fragments, with
+// g = lane / 4 and t = lane % 4 (PTX ISA, "mma.m16n8k16"): a0 = A[g][2t..],
+// a1 = A[g+8][2t..], a2 = A[g][2t+8..], a3 = A[g+8][2t+8..]; b0 = B[2t..][g],
+// b1 = B[2t+8..][g]; c[0..1] = C[g][2t..], c[2..3] = C[g+8][2t..].
+__device__ __forceinline__ void mma_16816(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
 // The one prune rule of gpu_graph (gpu_graph_engine::prune::occludes): a kept

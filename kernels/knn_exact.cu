@@ -44,14 +44,6 @@ __device__ __forceinline__ void ldmatrix_x4(u32& r0, u32& r1, u32& r2, u32& r3, 
                  : "r"(smem_addr(p)));
 }
 
-__device__ __forceinline__ void mma_16816(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
 // Staging: Xh (n x dk halves, zero-padded, scaled) and the fp32 squared norms
 // of the unscaled rows. One warp per row.
 extern "C" __global__ void knn_prep(const float* __restrict__ X, u32 n, u32 dp, u32 dk, float scale,

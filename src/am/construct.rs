@@ -107,7 +107,7 @@ use super::paged::MIN_SHARD_ROWS;
 /// The most rows one GPU build fits in `budget` bytes (device_bytes grows
 /// with the rows).
 fn rows_within(budget: usize, stored_dim: usize, params: &BuildParams, knn: KnnInit) -> usize {
-    let fits = |n: usize| device_bytes(n, stored_dim, params, knn.exact(n)) <= budget;
+    let fits = |n: usize| device_bytes(n, stored_dim, params, knn.start(n)) <= budget;
     let (mut lo, mut hi) = (0usize, 1usize);
     while fits(hi) && hi < u32::MAX as usize {
         (lo, hi) = (hi, hi * 2);
@@ -134,7 +134,7 @@ fn shard_rows_on_gpu(
 ) -> Result<usize, GpuError> {
     let max_rows = rows_within(budget, stored_dim, params, knn);
     if max_rows < MIN_SHARD_ROWS {
-        let needed = device_bytes(MIN_SHARD_ROWS, stored_dim, params, knn.exact(MIN_SHARD_ROWS));
+        let needed = device_bytes(MIN_SHARD_ROWS, stored_dim, params, knn.start(MIN_SHARD_ROWS));
         let what = format!("a shard of {MIN_SHARD_ROWS} rows within gpu_graph.build_gpu_memory ({} MiB)", budget >> 20);
         return Err(GpuError::OutOfMemory { needed, free: usable, what });
     }
@@ -167,7 +167,7 @@ fn on_gpu(
     let n = vectors.len() / stored_dim;
     let usable = gpu.usable_memory()?;
     let budget = gpu_budget(budget_mb, usable);
-    if device_bytes(n, stored_dim, params, knn.exact(n)) <= budget {
+    if device_bytes(n, stored_dim, params, knn.start(n)) <= budget {
         let (graph, t) = gpu_graph_gpu::build(&gpu, vectors, stored_dim, params, knn, watch)?;
         return Ok(Constructed {
             graph,
@@ -184,7 +184,7 @@ fn on_gpu(
     let e = cost::estimate(n, stored_dim, k, &vec![(2 * n).div_ceil(k).min(cap); k], 1);
     let _ = watch.plan.set(format!(
         "gpu_graph: building {n} rows in {k} shards of at most {cap} rows (the whole build needs {} MiB of GPU memory, gpu_graph.build_gpu_memory allows {} MiB); expected {:.1} s: partition {:.1} s, shards {:.1} s, merge {:.1} s",
-        device_bytes(n, stored_dim, params, knn.exact(n)) >> 20,
+        device_bytes(n, stored_dim, params, knn.start(n)) >> 20,
         budget >> 20,
         e.total_s(),
         e.partition_s,
@@ -455,7 +455,7 @@ pub fn construct_paged(b: PagedBuild) -> Constructed {
                 return Err(first_error.unwrap_or_else(|| GpuError::Cuda("the GPU build threads ended".into())));
             }
             let budget = gpu_budget(BUILD_GPU_MEMORY.get().max(0) as usize, usable);
-            if device_bytes(n, sd, params, knn.exact(n)) <= budget {
+            if device_bytes(n, sd, params, knn.start(n)) <= budget {
                 notice!(
                     "gpu_graph: building {n} rows on the GPU, streamed from the index's pages (the vectors exceed maintenance_work_mem); expected {:.1} s of graph construction",
                     cost::streamed_seconds(n, sd)

@@ -13,7 +13,7 @@ use crate::storage::layout::Element;
 static mut KIND: pg_sys::relopt_kind::Type = 0;
 
 pub const ALGORITHMS: [&str; 5] = ["rnn_descent", "nsg", "vamana", "cagra", "tsdg"];
-pub const KNN_INITS: [&str; 3] = ["auto", "random", "exact"];
+pub const KNN_INITS: [&str; 4] = ["auto", "random", "exact", "gnn_descent"];
 pub const STORAGES: [&str; 2] = ["f32", "f16"];
 
 #[repr(C)]
@@ -141,7 +141,7 @@ pub fn register() {
         pg_sys::add_string_reloption(
             KIND,
             c"knn".as_ptr(),
-            c"Initial graph of a GPU build: auto, random or exact".as_ptr(),
+            c"Initial graph of a GPU build: auto, random, exact or gnn_descent".as_ptr(),
             c"auto".as_ptr(),
             Some(validate_knn),
             lock,
@@ -332,6 +332,7 @@ pub unsafe fn knn_init(index: pg_sys::Relation) -> gpu_graph_gpu::KnnInit {
     match text.as_str() {
         "random" => gpu_graph_gpu::KnnInit::Random,
         "exact" => gpu_graph_gpu::KnnInit::Exact,
+        "gnn_descent" => gpu_graph_gpu::KnnInit::Descent,
         _ => gpu_graph_gpu::KnnInit::Auto,
     }
 }

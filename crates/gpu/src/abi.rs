@@ -69,6 +69,16 @@ abi_consts! {
     KNN_THREADS: u32 = 256;
     KNN_MAX_K: u32 = 32;
     KNN_SMEM_BYTES: u32 = 2 * 128 * (KNN_KC + KNN_KPAD) * 2 + KNN_BM * (KNN_BN + KNN_DPAD) * 4 + (KNN_BM + KNN_BN) * 4;
+    // GNN-Descent's k-NN graph
+    GNND_K: u32 = 32;
+    GNND_CAND: u32 = 32;
+    GNND_SAMPLE: u32 = 8;
+    GNND_EXPAND: u32 = 2;
+    GNND_WARPS: u32 = 4;
+    GNND_NEW: u32 = 0x8000_0000;
+    GNND_DONE: u32 = 0x4000_0000;
+    GNND_ID_MASK: u32 = 0x3FFF_FFFF;
+    GNND_JOIN_SMEM_BYTES: u32 = GNND_WARPS * 32 * (KNN_KC + KNN_KPAD) * 2;
     // the persistent search
     CMD_CTAS_BITS: u32 = 5;
     SEQ_LIMIT: u32 = (1 << 27) - 2;

@@ -40,6 +40,8 @@ pub struct Gpu {
     knn: [OnceLock<Result<Arc<CudaModule>, GpuError>>; 2],
     /// filter.cu (the CFS filters)
     filter: OnceLock<Result<Arc<CudaModule>, GpuError>>,
+    /// knn_descent.cu (GNN-Descent's k-NN graph)
+    descent: OnceLock<Result<Arc<CudaModule>, GpuError>>,
     /// ms spent compiling and loading kernels by `open` (0 when the process
     /// had compiled them before)
     pub compile_ms: f64,
@@ -110,6 +112,7 @@ impl Gpu {
                 grnnd,
                 knn: [OnceLock::new(), OnceLock::new()],
                 filter: OnceLock::new(),
+                descent: OnceLock::new(),
                 compile_ms,
             })
         })
@@ -157,6 +160,11 @@ impl Gpu {
     /// The CFS filters' kernel, compiled on first use.
     pub(crate) fn filter_module(&self) -> Result<Arc<CudaModule>, GpuError> {
         self.filter.get_or_init(|| load_module(&self.ctx, &nvrtc::FILTER, &self.info.target, &[])).clone()
+    }
+
+    /// GNN-Descent's kernels, compiled on first use.
+    pub(crate) fn descent_module(&self) -> Result<Arc<CudaModule>, GpuError> {
+        self.descent.get_or_init(|| load_module(&self.ctx, &nvrtc::KNN_DESCENT, &self.info.target, &[])).clone()
     }
 }
 

@@ -1,5 +1,5 @@
-//! The GPU build: GRNND (kernels/rnn_descent.cu) from a random or an exact
-//! k-NN start, then the engine's final cut, done on the device.
+//! The GPU build: GRNND (kernels/rnn_descent.cu) from a random start, or an
+//! exact or GNN-Descent k-NN start beside it, then the engine's final cut, done on the device.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -16,24 +16,54 @@ use crate::abi;
 use crate::device::{function, Gpu};
 use crate::error::{cuda, guard, GpuError};
 use crate::knn;
+use crate::knn_descent::{self, DescentParams};
 use crate::memory::zeroed;
 use crate::vectors::DeviceVectors;
 
 /// The initial graph (index option `knn`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum KnnInit {
-    /// Exact below [`EXACT_KNN_AUTO_MAX_ROWS`] rows, random above.
+    /// Exact up to [`EXACT_KNN_AUTO_MAX_ROWS`] rows, GNN-Descent above.
     Auto,
     /// S random neighbours per node (GRNND's Algorithm 3 line 4).
     Random,
     /// The S exact nearest neighbours, by the tensor-core k-NN kernel.
     Exact,
+    /// The S nearest neighbours GNN-Descent finds (crate::knn_descent).
+    Descent,
 }
 
-/// Row count up to which `knn = 'auto'` starts from the exact k-NN graph:
-/// the exact start never makes the build faster, but it improves recall at
-/// small ef by 0.01 to 0.02, and its cost grows quadratically (measured in
-/// docs/benchmarks.md): up to 100k rows it is noise next to a CREATE INDEX.
+/// The initial graph a build of some size starts from ([`KnnInit::start`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Start {
+    #[default]
+    Random,
+    Exact,
+    Descent,
+}
+
+impl Start {
+    /// Whether the start has k-NN lists besides the random ones.
+    fn knn(self) -> bool {
+        self != Start::Random
+    }
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Start::Random => "random",
+            Start::Exact => "exact+random",
+            Start::Descent => "descent+random",
+        }
+    }
+}
+
+/// Row count up to which `knn = 'auto'` starts from the exact k-NN graph,
+/// and above which from GNN-Descent's: a k-NN start never makes the rounds
+/// shorter, but it improves recall at small ef (exact: +0.01 to 0.02 at ef
+/// 10), and the exact graph's cost grows quadratically (+4.8 s at 1M SIFT,
+/// 15 s at 1M x 768) where GNN-Descent's grows with n (0.14 s and 0.5 s in
+/// a build, for 0.965 against the exact start's 0.965 and the random
+/// start's 0.957-0.960 at ef 10 on 1M SIFT; docs/benchmarks.md).
 pub const EXACT_KNN_AUTO_MAX_ROWS: usize = 100_000;
 
 /// Order in which a round scans a pool (see rnn_descent.cu).
@@ -82,7 +112,7 @@ impl Default for GpuOptions {
 pub struct PhaseTimes {
     /// host -> device copy of the vectors
     pub upload_ms: f64,
-    /// the initial graph (random, or the exact k-NN)
+    /// the initial graph (random, or the exact or GNN-Descent's k-NN and random)
     pub knn_ms: f64,
     /// GRNND's update and reverse-edge rounds
     pub refine_ms: f64,
@@ -94,7 +124,9 @@ pub struct PhaseTimes {
     /// GPU works: not part of the total)
     pub entry_ms: f64,
     /// which initial graph was used
-    pub knn_exact: bool,
+    pub start: Start,
+    /// GNN-Descent's start: the list entries each of its rounds changed
+    pub descent_entered: Vec<u64>,
     /// update rounds run (fewer than t1 * t2 with early stop)
     pub rounds: usize,
     /// new entries inserted by each update round
@@ -200,7 +232,7 @@ fn build_inner(
     if r > 1024 {
         return Err(GpuError::Unsupported(format!("pool capacity r = {r} (at most 1024 on the GPU)")));
     }
-    let exact = knn_init.exact(n);
+    let start = knn_init.start(n);
     // On a second thread, while the GPU works: the medoid, and the output
     // buffer with every page touched (a fresh 128 MB buffer costs ~80 ms of
     // page faults inside the download otherwise).
@@ -213,10 +245,10 @@ fn build_inner(
             (entry, adj, t.elapsed().as_secs_f64() * 1e3)
         });
         let t = Instant::now();
-        let dv = Run::upload(gpu, n, dim, params, exact, &mut || DeviceVectors::upload(gpu, vectors, dim))?;
-        // the exact start's fp16 scale: a pass over the vectors only then
-        let maxabs = if exact { crate::vectors::max_abs(vectors) } else { 0.0 };
-        let mut run = Run::new(gpu, dv, maxabs, t, params, exact, opts, control)?;
+        let dv = Run::upload(gpu, n, dim, params, start, &mut || DeviceVectors::upload(gpu, vectors, dim))?;
+        // the k-NN start's fp16 scale: a pass over the vectors only then
+        let maxabs = if start.knn() { crate::vectors::max_abs(vectors) } else { 0.0 };
+        let mut run = Run::new(gpu, dv, maxabs, t, params, start, opts, control)?;
         run.start()?;
         run.refine()?;
         let (entry, mut adjacency, host_ms) = host.join().expect("the host thread panicked");
@@ -257,16 +289,16 @@ pub fn build_streamed(
                 params.degree, params.r
             )));
         }
-        let exact = knn_init.exact(n);
+        let start = knn_init.start(n);
         let t = Instant::now();
         let mut maxabs = 0f32;
-        let dv = Run::upload(gpu, n, dim, params, exact, &mut || {
+        let dv = Run::upload(gpu, n, dim, params, start, &mut || {
             let (dv, m) = DeviceVectors::upload_pieces(gpu, n, dim, next)?;
             maxabs = m;
             Ok(dv)
         })?;
         let opts = GpuOptions::default();
-        let mut run = Run::new(gpu, dv, maxabs, t, params, exact, &opts, control)?;
+        let mut run = Run::new(gpu, dv, maxabs, t, params, start, &opts, control)?;
         run.start()?;
         run.refine()?;
         let adj = run.final_cut()?;
@@ -324,27 +356,34 @@ impl Kernels {
 }
 
 impl KnnInit {
-    /// Whether a build of `n` rows starts from the exact k-NN graph.
-    pub fn exact(self, n: usize) -> bool {
+    /// The start of a build of `n` rows.
+    pub fn start(self, n: usize) -> Start {
         match self {
-            KnnInit::Exact => true,
-            KnnInit::Random => false,
-            KnnInit::Auto => n <= EXACT_KNN_AUTO_MAX_ROWS,
+            KnnInit::Exact => Start::Exact,
+            KnnInit::Random => Start::Random,
+            KnnInit::Descent => Start::Descent,
+            KnnInit::Auto if n <= EXACT_KNN_AUTO_MAX_ROWS => Start::Exact,
+            KnnInit::Auto => Start::Descent,
         }
     }
 }
 
 /// Device memory a build of `n` rows of `dim` floats takes at its peak: the
 /// vectors (and half again for the copy made while they are laid out), the
-/// two candidate pools and their counters, the final lists, and the exact
-/// k-NN start's buffers when it has one. CREATE INDEX weighs it against
+/// two candidate pools and their counters, the final lists, and the k-NN
+/// start's buffers when it has one. CREATE INDEX weighs it against
 /// gpu_graph.build_gpu_memory to decide whether to build in shards.
-pub fn device_bytes(n: usize, dim: usize, params: &BuildParams, exact: bool) -> usize {
+pub fn device_bytes(n: usize, dim: usize, params: &BuildParams, start: Start) -> usize {
     let (degree, r) = (params.degree, params.r.max(params.degree));
     let vectors = n * dim.div_ceil(4) * 4 * 4;
     let mut need = vectors * 3 / 2 + 2 * n * r * 8 + 2 * n * 4 + n * degree * 4 + 64;
-    if exact && n > 1 {
-        need += knn::device_bytes(n, knn::dk_for(dim), Run::k_init(params, n, r));
+    if n > 1 {
+        let (dk, k) = (knn::dk_for(dim), Run::k_init(params, n, r));
+        need += match start {
+            Start::Random => 0,
+            Start::Exact => knn::device_bytes(n, dk, k),
+            Start::Descent => knn_descent::device_bytes(n, dk, k),
+        };
     }
     need
 }
@@ -356,12 +395,12 @@ struct Run<'a> {
     st: &'a Arc<CudaStream>,
     k: Kernels,
     cfg: LaunchConfig,
-    /// the vectors' largest magnitude (the exact k-NN's fp16 scale)
+    /// the vectors' largest magnitude (the k-NN starts' fp16 scale)
     maxabs: f32,
     params: &'a BuildParams,
     opts: &'a GpuOptions,
     control: &'a dyn Control,
-    exact: bool,
+    start: Start,
     n: usize,
     r: usize,
     dv: Option<DeviceVectors>,
@@ -383,11 +422,11 @@ impl<'a> Run<'a> {
         n: usize,
         dim: usize,
         params: &BuildParams,
-        exact: bool,
+        start: Start,
         upload: &mut dyn FnMut() -> Result<DeviceVectors, GpuError>,
     ) -> Result<DeviceVectors, GpuError> {
         DeviceVectors::plan(n, dim)?;
-        gpu.reserve(device_bytes(n, dim, params, exact), "the GPU graph build")?;
+        gpu.reserve(device_bytes(n, dim, params, start), "the GPU graph build")?;
         let dv = upload()?;
         gpu.stream.synchronize().map_err(|e| cuda("uploading the vectors", e))?;
         Ok(dv)
@@ -401,7 +440,7 @@ impl<'a> Run<'a> {
         maxabs: f32,
         started: Instant,
         params: &'a BuildParams,
-        exact: bool,
+        start: Start,
         opts: &'a GpuOptions,
         control: &'a dyn Control,
     ) -> Result<Run<'a>, GpuError> {
@@ -410,8 +449,7 @@ impl<'a> Run<'a> {
         let cfg = warp_grid(n, r);
         let k = Kernels::load(gpu, &cfg)?;
         let st = &gpu.stream;
-        let times =
-            PhaseTimes { upload_ms: started.elapsed().as_secs_f64() * 1e3, knn_exact: exact, ..Default::default() };
+        let times = PhaseTimes { upload_ms: started.elapsed().as_secs_f64() * 1e3, start, ..Default::default() };
         if control.stop() {
             return Err(GpuError::Cancelled);
         }
@@ -424,7 +462,7 @@ impl<'a> Run<'a> {
             params,
             opts,
             control,
-            exact,
+            start,
             n,
             r,
             dv: Some(dv),
@@ -438,7 +476,7 @@ impl<'a> Run<'a> {
         })
     }
 
-    /// The exact start: the S nearest (at most KNN_MAX_K) plus S random
+    /// A k-NN start: the S nearest (at most KNN_MAX_K) plus S random
     /// neighbours. Measured (SIFT): the exact neighbours alone trap
     /// RNN-Descent in a sparse graph (mean degree ~8, recall@10 at ef 10
     /// ~0.69 where a random start gives ~0.85); with S random edges beside
@@ -467,15 +505,24 @@ impl<'a> Run<'a> {
         Ok(())
     }
 
-    /// The initial graph: the exact neighbours (when asked), the fp16 copy
+    /// The initial graph: the k-NN lists (when asked), the fp16 copy
     /// (after the k-NN, which re-ranks in fp32), then the random start.
     fn start(&mut self) -> Result<(), GpuError> {
         let t = Instant::now();
         let (n32, r32) = (self.n as u32, self.r as u32);
         let mut keep32 = 0u32;
-        if self.exact {
+        if self.start.knn() {
             let k = Self::k_init(self.params, self.n, self.r);
-            let (ki, kd) = knn::knn_device(self.gpu, self.dv(), self.maxabs, k, self.control)?;
+            let (ki, kd) = if self.start == Start::Exact {
+                knn::knn_device(self.gpu, self.dv(), self.maxabs, k, self.control)?
+            } else {
+                let p = DescentParams { seed: self.params.seed, ..DescentParams::default() };
+                let mut entered = Vec::new();
+                let r =
+                    knn_descent::descent_device(self.gpu, self.dv(), self.maxabs, k, &p, self.control, &mut entered)?;
+                self.times.descent_entered = entered;
+                r
+            };
             let k32 = k as u32;
             let c = LaunchConfig {
                 grid_dim: ((self.n * self.r).div_ceil(256) as u32, 1, 1),

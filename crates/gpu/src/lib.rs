@@ -7,9 +7,11 @@
 //!   process, [`nvrtc`]) and loads them.
 //! - [`abi`]: the host–kernel ABI, mirroring `kernels/abi.h`.
 //! - [`memory`]: device and pinned memory behind RAII types.
-//! - [`build`]: the GRNND graph build (kernels/rnn_descent.cu) from a random
-//!   or an exact k-NN start, with the engine's final cut.
+//! - [`build`]: the GRNND graph build (kernels/rnn_descent.cu) from a random,
+//!   exact k-NN or GNN-Descent start, with the engine's final cut.
 //! - [`knn_graph`]: the exact k-NN graph on tensor cores (kernels/knn_exact.cu).
+//! - [`descent_graph`]: GNN-Descent's approximate k-NN graph, its local joins
+//!   on tensor cores (kernels/knn_descent.cu), a GRNND build's start.
 //! - [`filter::GpuFilters`]: the engine's CFS filters (RNG, NSG, Vamana,
 //!   CAGRA) over batches of candidate rows (kernels/filter.cu).
 //! - [`collect::GpuCollect`]: the CFS collect's searches, by the search
@@ -24,6 +26,7 @@ pub mod error;
 pub mod filter;
 pub mod grnnd;
 pub mod knn;
+pub mod knn_descent;
 pub mod loader;
 pub mod memory;
 pub mod nvrtc;
@@ -33,7 +36,8 @@ mod vectors;
 pub use device::{DeviceInfo, Gpu};
 pub use error::GpuError;
 pub use grnnd::{
-    build, build_streamed, build_with, device_bytes, Control, GpuOptions, KnnInit, PhaseTimes, ScanOrder,
+    build, build_streamed, build_with, device_bytes, Control, GpuOptions, KnnInit, PhaseTimes, ScanOrder, Start,
     EXACT_KNN_AUTO_MAX_ROWS,
 };
 pub use knn::{knn_graph, KnnGraph};
+pub use knn_descent::{descent_graph, DescentParams};

@@ -33,12 +33,14 @@ pub const RNN_DESCENT: KernelSource =
     KernelSource { name: "rnn_descent.cu", src: include_str!("../../../kernels/rnn_descent.cu") };
 pub const KNN_EXACT: KernelSource =
     KernelSource { name: "knn_exact.cu", src: include_str!("../../../kernels/knn_exact.cu") };
+pub const KNN_DESCENT: KernelSource =
+    KernelSource { name: "knn_descent.cu", src: include_str!("../../../kernels/knn_descent.cu") };
 pub const SEARCH_PERSISTENT: KernelSource =
     KernelSource { name: "search_persistent.cu", src: include_str!("../../../kernels/search_persistent.cu") };
 pub const FILTER: KernelSource = KernelSource { name: "filter.cu", src: include_str!("../../../kernels/filter.cu") };
 
 /// Every kernel file, for the compile check.
-pub const ALL: &[KernelSource] = &[RNN_DESCENT, KNN_EXACT, SEARCH_PERSISTENT, FILTER];
+pub const ALL: &[KernelSource] = &[RNN_DESCENT, KNN_EXACT, KNN_DESCENT, SEARCH_PERSISTENT, FILTER];
 
 /// The headers every kernel may include by name: the host–kernel ABI and the
 /// shared device helpers.

@@ -16,6 +16,7 @@ SELECT count(*) AS indexes FROM pg_indexes WHERE tablename = 'fallback';
 -- cpu never tries a GPU: no WARNING
 SET gpu_graph.build_device = cpu;
 CREATE INDEX fallback_cpu ON fallback USING gpu_graph (v);
+CREATE INDEX fallback_descent ON fallback USING gpu_graph (v) WITH (knn = 'gnn_descent');
 SHOW gpu_graph.build_device;
 SET gpu_graph.build_device = sometimes;
 CREATE INDEX ON fallback USING gpu_graph (v) WITH (knn = 'bogus');

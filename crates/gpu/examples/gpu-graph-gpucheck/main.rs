@@ -52,7 +52,7 @@ struct Opts {
     data: DataArgs,
     #[command(flatten)]
     graph: GraphArgs,
-    /// Initial graph: auto, random or exact.
+    /// Initial graph: auto, random, exact or descent (GNN-Descent).
     #[arg(long, default_value = "auto", value_parser = parse_knn)]
     knn: KnnInit,
     /// Another GPU build with these settings changed (key=value,...).
@@ -81,6 +81,12 @@ struct Opts {
     /// Exact against random start at these row counts (time and recall).
     #[arg(long, value_delimiter = ',')]
     knn_bench: Vec<usize>,
+    /// Rows of the GNN-Descent check against the exact k-NN graph (0: none).
+    #[arg(long, default_value_t = 0)]
+    descent_rows: usize,
+    /// GNN-Descent's rounds in that check, it1:it2 each (the first is checked).
+    #[arg(long, value_delimiter = ',', default_values_t = ["10:4".to_string()])]
+    descent_rounds: Vec<String>,
     /// Rows whose candidate lists the filter check compares.
     #[arg(long, alias = "prune-rows", default_value_t = 2000)]
     filter_rows: usize,
@@ -97,7 +103,8 @@ fn parse_knn(s: &str) -> Result<KnnInit, String> {
         "auto" => Ok(KnnInit::Auto),
         "random" => Ok(KnnInit::Random),
         "exact" => Ok(KnnInit::Exact),
-        _ => Err("auto, random or exact".into()),
+        "descent" | "gnn_descent" => Ok(KnnInit::Descent),
+        _ => Err("auto, random, exact or descent".into()),
     }
 }
 
@@ -173,7 +180,7 @@ fn gpu_build(gpu: &Gpu, data: &Data, v: &Variant, reps: usize, verdict: &mut Ver
                     t.elapsed().as_secs_f64() * 1e3,
                     pt.upload_ms,
                     pt.knn_ms,
-                    if pt.knn_exact { "exact+random" } else { "random" },
+                    pt.start.label(),
                     pt.refine_ms,
                     pt.rounds,
                     if pt.half { ", fp16" } else { ", fp32" },
@@ -182,6 +189,9 @@ fn gpu_build(gpu: &Gpu, data: &Data, v: &Variant, reps: usize, verdict: &mut Ver
                     pt.entry_ms
                 );
                 if rep == 0 {
+                    if !pt.descent_entered.is_empty() {
+                        println!("      GNN-Descent: entries per round {:?}", pt.descent_entered);
+                    }
                     println!("      inserts per round: {:?}", pt.inserts_per_round);
                     println!("      distances per round: {:?}", pt.distances_per_round);
                 }
@@ -283,6 +293,17 @@ fn main() {
     let kn = o.knn_check_rows.unwrap_or(data.base.len()).min(data.base.len());
     for &k in &o.knn_k {
         knn::check(&gpu, &data, kn, k, o.knn_sample, &mut verdict);
+    }
+    if o.descent_rows > 1 {
+        let rounds: Vec<(usize, usize)> = o
+            .descent_rounds
+            .iter()
+            .map(|r| {
+                let (a, b) = r.split_once(':').unwrap_or_else(|| usage("--descent-rounds takes it1:it2,..."));
+                (number("it1", a), number("it2", b))
+            })
+            .collect();
+        knn::descent_check(&gpu, &data, o.descent_rows.min(data.base.len()), &rounds, &mut verdict);
     }
     for &rows in &o.knn_bench {
         knn::bench(&gpu, &data, rows, &params);

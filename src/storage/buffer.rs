@@ -7,7 +7,8 @@
 use pgrx::pg_sys;
 
 use super::codec::{PageMut, PageRef};
-use crate::worker::{ChangedList, PageChange, LIST_IN_LOG};
+use super::layout::Layout;
+use crate::worker::{ChangedList, PageChange, LIST_IN_LOG, ROW_IN_LOG};
 use gpu_graph_engine::NO_NODE;
 
 /// A pinned buffer with its content lock held; both released on drop.
@@ -98,16 +99,29 @@ pub struct Xlog {
     pages: [PageChange; MAX_PAGES],
     /// a page's one changed list, when it fits the change log
     lists: [Option<ChangedList>; MAX_PAGES],
+    /// the buffers registered, and a page's one changed row (its node),
+    /// which `finish` reads from the buffer for the change log
+    bufs: [pg_sys::Buffer; MAX_PAGES],
+    rows: [Option<(u32, Layout)>; MAX_PAGES],
     registered: usize,
 }
 
 impl Xlog {
     /// # Safety
-    /// `rel` must be an open index relation.
+    /// `rel` must be an open index relation, and each buffer registered
+    /// stay locked exclusively until `finish` returns.
     pub unsafe fn start(rel: pg_sys::Relation) -> Xlog {
         // SAFETY: `rel` is an open relation (the caller's contract).
         let state = unsafe { pg_sys::GenericXLogStart(rel) };
-        Xlog { state, rel, pages: [PageChange::whole(0); MAX_PAGES], lists: [None; MAX_PAGES], registered: 0 }
+        Xlog {
+            state,
+            rel,
+            pages: [PageChange::whole(0); MAX_PAGES],
+            lists: [None; MAX_PAGES],
+            bufs: [0; MAX_PAGES],
+            rows: [None; MAX_PAGES],
+            registered: 0,
+        }
     }
 
     /// Registers a buffer locked exclusively by the caller; returns the image
@@ -119,6 +133,8 @@ impl Xlog {
         if self.registered < MAX_PAGES {
             self.pages[self.registered] = PageChange::whole(locked.block());
             self.lists[self.registered] = None;
+            self.bufs[self.registered] = locked.buf;
+            self.rows[self.registered] = None;
             self.registered += 1;
         }
         // SAFETY: the state is live until finish or drop, which take `self`;
@@ -148,15 +164,34 @@ impl Xlog {
         }
     }
 
+    /// [`Xlog::only`] one node, whose vector tuple (the row) was written
+    /// on the page registered last (in `layout`): the change log carries
+    /// the row as the page holds it when it fits, and the worker need not
+    /// read the page.
+    pub fn only_row(&mut self, node: u32, layout: &Layout) {
+        self.only(node..node + 1);
+        if layout.vector_size() <= ROW_IN_LOG && self.registered > 0 {
+            self.rows[self.registered - 1] = Some((node, *layout));
+        }
+    }
+
     /// Applies the changes to the buffers and logs them; then notes the
     /// pages in the search worker's change log while the caller still holds
-    /// their locks (so before anyone reads them, and before a commit).
+    /// their locks exclusively (so before anyone reads them, and before a
+    /// commit).
     pub fn finish(self) {
+        let n = self.registered;
         // SAFETY: the state is live (finish consumes it; forget skips the
-        // abort); `rel` is open (start's contract).
+        // abort); `rel` is open (start's contract). The rows are read from
+        // the buffers, changed now, under the caller's exclusive locks
+        // (register's contract), which outlive this call.
         unsafe {
             pg_sys::GenericXLogFinish(self.state);
-            crate::worker::note_changes(self.rel, &self.pages[..self.registered], &self.lists[..self.registered]);
+            let rows: [Option<&[u8]>; MAX_PAGES] = std::array::from_fn(|i| {
+                let (node, layout) = self.rows[i].filter(|_| i < n)?;
+                Some(PageRef::new(pg_sys::BufferGetPage(self.bufs[i])).tuple_bytes(&layout, node))
+            });
+            crate::worker::note_changes(self.rel, &self.pages[..n], &self.lists[..n], &rows[..n]);
         }
         std::mem::forget(self);
     }

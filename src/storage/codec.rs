@@ -107,7 +107,18 @@ pub struct Tuple<'a> {
     pub vector: Stored<'a>,
 }
 
-impl Tuple<'_> {
+impl<'a> Tuple<'a> {
+    /// A vector tuple's bytes, read in place: a page's, or a row the
+    /// change log carried (`PageRef::tuple_bytes`), in `element`.
+    pub fn decode(bytes: &'a [u8], element: Element) -> Tuple<'a> {
+        let (header, vector) = bytes.split_at(VECTOR_HEADER);
+        let vector = match element {
+            Element::F32 => Stored::F32(words(vector)),
+            Element::F16 => Stored::F16(words(vector)),
+        };
+        Tuple { header: VectorHeader::decode(header), vector }
+    }
+
     /// What a search's visit of this node finds: None for a free slot, else
     /// `dist` of its vector (decoded into `scratch` where it is f16), its
     /// payload and whether it is deleted.
@@ -196,12 +207,12 @@ impl<'a> PageRef<'a> {
 
     /// A node's vector tuple.
     pub fn tuple(&self, layout: &Layout, node: u32) -> Tuple<'a> {
-        let (header, vector) = self.contents[tuple_range(layout, node)].split_at(VECTOR_HEADER);
-        let vector = match layout.element {
-            Element::F32 => Stored::F32(words(vector)),
-            Element::F16 => Stored::F16(words(vector)),
-        };
-        Tuple { header: VectorHeader::decode(header), vector }
+        Tuple::decode(self.tuple_bytes(layout, node), layout.element)
+    }
+
+    /// A node's vector tuple as bytes ([`Tuple::decode`] reads them).
+    pub fn tuple_bytes(&self, layout: &Layout, node: u32) -> &'a [u8] {
+        &self.contents[tuple_range(layout, node)]
     }
 }
 

@@ -253,7 +253,7 @@ impl GraphMut for PageStore {
             let b = Locked::read(self.rel, self.layout.vector_block(node), true);
             let mut x = Xlog::start(self.rel);
             x.register(&b, false).put_tuple(&self.layout, node, payload, 0, stored);
-            x.only(node..node + 1);
+            x.only_row(node, &self.layout);
             x.finish();
         }
         node
@@ -473,7 +473,7 @@ impl PageStore {
             let h = b.page().tuple(&self.layout, node).header;
             let mut x = Xlog::start(self.rel);
             x.register(&b, false).put_tuple(&self.layout, node, h.payload(), h.flags, stored);
-            x.only(node..node + 1);
+            x.only_row(node, &self.layout);
             x.finish();
         }
     }
@@ -505,7 +505,7 @@ impl PageStore {
             let mut x = Xlog::start(self.rel);
             x.register(&mb, false).put_meta(&m);
             x.register(&vb, false).put_tuple(&self.layout, node, payload, 0, stored);
-            x.only(node..node + 1);
+            x.only_row(node, &self.layout);
             x.finish();
             Some(node)
         }

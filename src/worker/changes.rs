@@ -10,7 +10,9 @@
 //! one list on each of several graph pages of 63 lists; the worker
 //! re-reads those alone), and a change of one list carries the list itself
 //! (degree up to 32), so the worker copies it without reading the page,
-//! whose buffer lock the writers hold most of the time under inserts.
+//! whose buffer lock the writers hold most of the time under inserts. A
+//! change that writes one node's row (an insert's new vector) carries the
+//! row, as its page holds it, for the same reason.
 //!
 //! A ring, not a queue: writers never wait for the worker. A reader that
 //! falls more than [`CAPACITY`] entries behind has lost changes: it refreshes
@@ -38,7 +40,7 @@ use pgrx::pg_sys;
 use super::image::Key;
 use super::shmem::shared;
 
-/// Entries the ring holds: 40 bytes each, 2.6 MB of shared memory. Larger
+/// Entries the ring holds: 48 bytes each, 3.1 MB of shared memory. Larger
 /// bursts (a VACUUM rewriting many lists, a bulk insert) between two
 /// requests refresh the copies whole.
 pub const CAPACITY: usize = 1 << 16;
@@ -53,6 +55,54 @@ const PAYLOADS: usize = 1 << 14;
 
 pub type List = [u32; LIST_IN_LOG];
 
+/// The row log: 64-byte granules (4 MB), a row in as many consecutive
+/// ones as it needs, each stamped with its entry's sequence number + 1 so
+/// that a reader takes a row only when every granule still holds it. A
+/// 128-dimension f16 row (264 bytes) takes 5: the log holds the last
+/// ~13,000 such rows; a reader further behind reads their pages.
+const GRANULES: usize = 1 << 16;
+const GRANULE_WORDS: usize = 7;
+const GRANULE_BYTES: usize = 8 * GRANULE_WORDS;
+
+/// The longest row a change carries: any (a vector tuple fits a page).
+pub const ROW_IN_LOG: usize = 8192;
+
+/// A row as its page holds it (a vector tuple's bytes), in 8-byte words
+/// so that its vector is 8-aligned as on a page and read in place.
+#[derive(Clone, Debug)]
+pub struct Row {
+    words: Vec<u64>,
+    len: usize,
+}
+
+impl Row {
+    #[cfg(test)]
+    pub fn new(bytes: &[u8]) -> Row {
+        Row { words: bytes.chunks(8).map(word).collect(), len: bytes.len() }
+    }
+
+    pub fn bytes(&self) -> &[u8] {
+        // SAFETY: `words` holds at least `len` initialised bytes (new and
+        // ChangeLog::row make it so), and u8 needs no alignment.
+        unsafe { std::slice::from_raw_parts(self.words.as_ptr() as *const u8, self.len) }
+    }
+}
+
+impl PartialEq for Row {
+    fn eq(&self, other: &Row) -> bool {
+        self.bytes() == other.bytes()
+    }
+}
+
+impl Eq for Row {}
+
+/// Up to 8 bytes as a word in memory order (zero after their end).
+fn word(bytes: &[u8]) -> u64 {
+    let mut w = [0; 8];
+    w[..bytes.len()].copy_from_slice(bytes);
+    u64::from_ne_bytes(w)
+}
+
 #[repr(C)]
 pub struct ChangeLog {
     /// entries ever noted (the next one's sequence number)
@@ -63,6 +113,17 @@ pub struct ChangeLog {
     entries: [Entry; CAPACITY],
     /// entry `seq`'s list, when it has one, at `seq % PAYLOADS`
     payloads: [Payload; PAYLOADS],
+    /// granules ever taken by rows (the next row's first, mod GRANULES)
+    rows_head: AtomicU64,
+    rows: [Granule; GRANULES],
+}
+
+#[repr(C)]
+struct Granule {
+    /// as an entry's: 0 while being written, else the seq + 1 of the
+    /// entry whose row it holds part of
+    stamp: AtomicU64,
+    words: [AtomicU64; GRANULE_WORDS],
 }
 
 #[repr(C)]
@@ -84,6 +145,10 @@ struct Entry {
     hi: AtomicU32,
     /// 1: the change is node `lo`'s list, in the payloads
     listed: AtomicU32,
+    /// not 0: the change is node `lo`'s row, of this many bytes, in the
+    /// granules from `row_at` on
+    row_len: AtomicU32,
+    row_at: AtomicU32,
 }
 
 /// A reader fell more than [`CAPACITY`] entries behind.
@@ -91,12 +156,14 @@ struct Entry {
 pub struct Overflow;
 
 /// A page changed: the index's file and the page; when the change is one
-/// node's list (`page.lo`), that list as written (NO_NODE after its end).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// node's list (`page.lo`), that list as written (NO_NODE after its end);
+/// when it is one node's row, that row.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Change {
     pub key: Key,
     pub page: PageChange,
     pub list: Option<List>,
+    pub row: Option<Row>,
 }
 
 /// A block that changed, and which of its nodes' lists or rows did:
@@ -137,28 +204,69 @@ impl PageChange {
 const CLAIMED_WAIT: Duration = Duration::from_millis(100);
 
 impl ChangeLog {
-    fn note(&self, c: Change) {
+    /// Notes a change of `page`, carrying node `page.lo`'s `list` or `row`
+    /// when it is one of those (a longer row than [`ROW_IN_LOG`] is not).
+    fn note(&self, key: Key, page: PageChange, list: Option<&List>, row: Option<&[u8]>) {
+        let row = row.filter(|r| !r.is_empty() && r.len() <= ROW_IN_LOG);
         let seq = self.head.fetch_add(1, Ordering::AcqRel);
         let e = &self.entries[(seq % CAPACITY as u64) as usize];
         e.stamp.store(0, Ordering::Relaxed);
         fence(Ordering::Release);
-        e.spc.store(c.key.spc, Ordering::Relaxed);
-        e.db.store(c.key.db, Ordering::Relaxed);
-        e.rel.store(c.key.rel, Ordering::Relaxed);
-        e.block.store(c.page.block, Ordering::Relaxed);
-        e.lo.store(c.page.lo, Ordering::Relaxed);
-        e.hi.store(c.page.hi, Ordering::Relaxed);
-        e.listed.store(c.list.is_some() as u32, Ordering::Relaxed);
-        if let Some(list) = c.list {
+        e.spc.store(key.spc, Ordering::Relaxed);
+        e.db.store(key.db, Ordering::Relaxed);
+        e.rel.store(key.rel, Ordering::Relaxed);
+        e.block.store(page.block, Ordering::Relaxed);
+        e.lo.store(page.lo, Ordering::Relaxed);
+        e.hi.store(page.hi, Ordering::Relaxed);
+        e.listed.store(list.is_some() as u32, Ordering::Relaxed);
+        e.row_len.store(row.map_or(0, |r| r.len() as u32), Ordering::Relaxed);
+        if let Some(row) = row {
+            e.row_at.store(self.put_row(seq, row), Ordering::Relaxed);
+        }
+        if let Some(list) = list {
             let p = &self.payloads[(seq % PAYLOADS as u64) as usize];
             p.stamp.store(0, Ordering::Relaxed);
             fence(Ordering::Release);
-            for (to, &from) in p.list.iter().zip(&list) {
+            for (to, &from) in p.list.iter().zip(list) {
                 to.store(from, Ordering::Relaxed);
             }
             p.stamp.store(seq + 1, Ordering::Release);
         }
         e.stamp.store(seq + 1, Ordering::Release);
+    }
+
+    /// Writes entry `seq`'s row into the next granules; the first's index.
+    fn put_row(&self, seq: u64, row: &[u8]) -> u32 {
+        let first = self.rows_head.fetch_add(row.len().div_ceil(GRANULE_BYTES) as u64, Ordering::Relaxed);
+        for (i, part) in row.chunks(GRANULE_BYTES).enumerate() {
+            let g = &self.rows[((first + i as u64) % GRANULES as u64) as usize];
+            g.stamp.store(0, Ordering::Relaxed);
+            fence(Ordering::Release);
+            for (to, from) in g.words.iter().zip(part.chunks(8)) {
+                to.store(word(from), Ordering::Relaxed);
+            }
+            g.stamp.store(seq + 1, Ordering::Release);
+        }
+        (first % GRANULES as u64) as u32
+    }
+
+    /// Entry `seq`'s row (`len` bytes from granule `at` on), if every
+    /// granule of it still holds it.
+    fn row(&self, seq: u64, at: u32, len: u32) -> Option<Row> {
+        let len = len as usize;
+        let mut words = Vec::with_capacity(len.div_ceil(GRANULE_BYTES) * GRANULE_WORDS);
+        for i in 0..len.div_ceil(GRANULE_BYTES) {
+            let g = &self.rows[(at as usize + i) % GRANULES];
+            if g.stamp.load(Ordering::Acquire) != seq + 1 {
+                return None;
+            }
+            words.extend(g.words.iter().map(|w| w.load(Ordering::Relaxed)));
+            fence(Ordering::Acquire);
+            if g.stamp.load(Ordering::Relaxed) != seq + 1 {
+                return None;
+            }
+        }
+        Some(Row { words, len })
     }
 
     /// Entry `seq`'s list, if it is still in the payloads.
@@ -224,13 +332,15 @@ impl ChangeLog {
                 hi: e.hi.load(Ordering::Relaxed),
             };
             let listed = e.listed.load(Ordering::Relaxed) == 1;
+            let (row_len, row_at) = (e.row_len.load(Ordering::Relaxed), e.row_at.load(Ordering::Relaxed));
             fence(Ordering::Acquire);
             if e.stamp.load(Ordering::Relaxed) != seq + 1 {
                 return Err(Overflow);
             }
-            // a list overwritten since: its page is read instead
+            // a list or row overwritten since: its page is read instead
             let list = if listed { self.list(seq) } else { None };
-            out.push(Change { key, page, list });
+            let row = if row_len > 0 { self.row(seq, row_at, row_len) } else { None };
+            out.push(Change { key, page, list, row });
         }
         Ok(head)
     }
@@ -239,19 +349,20 @@ impl ChangeLog {
 /// Whether this process noted changes its transaction has not published.
 static UNPUBLISHED: AtomicBool = AtomicBool::new(false);
 
-/// Notes that `pages` of `rel` changed (a backend's Xlog, before it lets
-/// go of the buffers). Nothing when gpu_graph is not preloaded (no worker).
+/// Notes that `pages` of `rel` changed, with the one list or row each
+/// wrote when it did (a backend's Xlog, before it lets go of the
+/// buffers). Nothing when gpu_graph is not preloaded (no worker).
 ///
 /// # Safety
 /// `rel` must be an open relation.
-pub unsafe fn note(rel: pg_sys::Relation, pages: &[PageChange], lists: &[Option<List>]) {
+pub unsafe fn note(rel: pg_sys::Relation, pages: &[PageChange], lists: &[Option<List>], rows: &[Option<&[u8]>]) {
     let Some(s) = shared() else { return };
     UNPUBLISHED.store(true, Ordering::Relaxed);
     // SAFETY: an open relation's rd_node (the caller's contract).
     let n = unsafe { (*rel).rd_node };
     let key = Key { spc: n.spcNode.to_u32(), db: n.dbNode.to_u32(), rel: n.relNode.to_u32() };
-    for (&page, &list) in pages.iter().zip(lists) {
-        s.changes.note(Change { key, page, list });
+    for ((&page, list), &row) in pages.iter().zip(lists).zip(rows) {
+        s.changes.note(key, page, list.as_ref(), row);
     }
 }
 
@@ -292,7 +403,18 @@ mod tests {
             key: Key { spc: 1, db: 2, rel },
             page: PageChange { block, lo: block * 3, hi: block * 3 + 1 },
             list: None,
+            row: None,
         }
+    }
+
+    fn put(l: &ChangeLog, c: &Change) {
+        l.note(c.key, c.page, c.list.as_ref(), c.row.as_ref().map(Row::bytes));
+    }
+
+    /// A change writing a row of `len` bytes, each `first` + its place.
+    fn rowed(block: u32, first: u8, len: usize) -> Change {
+        let bytes: Vec<u8> = (0..len).map(|i| first.wrapping_add(i as u8)).collect();
+        Change { row: Some(Row::new(&bytes)), ..change(5, block) }
     }
 
     fn listed(block: u32, first: u32) -> Change {
@@ -302,21 +424,78 @@ mod tests {
     #[test]
     fn a_list_comes_with_its_change_until_overwritten() {
         let l = log();
-        l.note(listed(1, 100));
-        l.note(change(5, 2));
+        put(&l, &listed(1, 100));
+        put(&l, &change(5, 2));
         let mut out = Vec::new();
         assert_eq!(l.read(0, &mut out), Ok(2));
         assert_eq!(out, vec![listed(1, 100), change(5, 2)]);
         // PAYLOADS more listed changes overwrite the first one's list: that
         // change comes without it (its page is read), the later ones with
         for b in 0..PAYLOADS as u32 {
-            l.note(listed(b, b));
+            put(&l, &listed(b, b));
         }
         out.clear();
         assert_eq!(l.read(0, &mut out), Ok(2 + PAYLOADS as u64));
         assert_eq!(out[0], Change { list: None, ..listed(1, 100) });
         assert_eq!(out[2], listed(0, 0));
         assert_eq!(out[1 + PAYLOADS], listed(PAYLOADS as u32 - 1, PAYLOADS as u32 - 1));
+    }
+
+    #[test]
+    fn a_row_comes_with_its_change_until_overwritten() {
+        let l = log();
+        // 264 bytes: a 128-dimension f16 row, 5 granules
+        put(&l, &rowed(1, 7, 264));
+        put(&l, &change(5, 2));
+        let mut out = Vec::new();
+        assert_eq!(l.read(0, &mut out), Ok(2));
+        assert_eq!(out, vec![rowed(1, 7, 264), change(5, 2)]);
+        assert_eq!(out[0].row.as_ref().unwrap().bytes().len(), 264);
+        // rows of one granule fill the rest of the ring, then one more
+        // takes the first row's first granule (its others still hold it):
+        // that change comes without its row (its page is read), the
+        // later ones with theirs
+        let more = GRANULES as u32 - 5 + 1;
+        for b in 0..more {
+            put(&l, &rowed(b, b as u8, GRANULE_BYTES));
+        }
+        out.clear();
+        assert_eq!(l.read(0, &mut out), Ok(2 + more as u64));
+        assert_eq!(out[0], Change { row: None, ..rowed(1, 7, 264) });
+        assert_eq!(out[1], change(5, 2));
+        assert_eq!(out[2], rowed(0, 0, GRANULE_BYTES));
+        assert_eq!(out[1 + more as usize], rowed(more - 1, (more - 1) as u8, GRANULE_BYTES));
+    }
+
+    #[test]
+    fn a_row_being_written_or_rewritten_is_not_taken() {
+        let l = log();
+        put(&l, &rowed(1, 3, 3 * GRANULE_BYTES + 1));
+        let mut out = Vec::new();
+        let read = |out: &mut Vec<Change>| {
+            out.clear();
+            l.read(0, out).unwrap();
+            out[0].row.clone()
+        };
+        assert_eq!(read(&mut out), rowed(1, 3, 3 * GRANULE_BYTES + 1).row);
+        // a writer has claimed its last granule (stamp 0) or finished
+        // writing it for a later entry: the row is not taken
+        for stamp in [0, 2] {
+            l.rows[3].stamp.store(stamp, Ordering::Relaxed);
+            assert_eq!(read(&mut out), None);
+            assert_eq!(out[0], change(5, 1));
+        }
+        l.rows[3].stamp.store(1, Ordering::Relaxed);
+        assert_eq!(read(&mut out), rowed(1, 3, 3 * GRANULE_BYTES + 1).row);
+    }
+
+    #[test]
+    fn rows_longer_than_the_log_takes_are_not_carried() {
+        let l = log();
+        put(&l, &rowed(1, 0, ROW_IN_LOG + 1));
+        let mut out = Vec::new();
+        assert_eq!(l.read(0, &mut out), Ok(1));
+        assert_eq!(out, vec![change(5, 1)]);
     }
 
     #[test]
@@ -332,12 +511,12 @@ mod tests {
         let l = log();
         let mut out = Vec::new();
         assert_eq!(l.read(0, &mut out), Ok(0));
-        l.note(change(5, 1));
-        l.note(change(6, 0));
+        put(&l, &change(5, 1));
+        put(&l, &change(6, 0));
         let next = l.read(0, &mut out).unwrap();
         assert_eq!((next, out.clone()), (2, vec![change(5, 1), change(6, 0)]));
         out.clear();
-        l.note(change(5, 9));
+        put(&l, &change(5, 9));
         assert_eq!(l.read(next, &mut out), Ok(3));
         assert_eq!(out, vec![change(5, 9)]);
     }
@@ -345,10 +524,10 @@ mod tests {
     #[test]
     fn published_covers_what_was_noted_before() {
         let l = log();
-        l.note(change(5, 1));
+        put(&l, &change(5, 1));
         assert_eq!(l.published(), 0);
         l.publish();
-        l.note(change(5, 2));
+        put(&l, &change(5, 2));
         assert_eq!(l.published(), 1);
         l.publish();
         assert_eq!(l.published(), 2);
@@ -358,7 +537,7 @@ mod tests {
     fn a_reader_lapped_by_the_writers_is_told() {
         let l = log();
         for b in 0..=CAPACITY as u32 {
-            l.note(change(5, b));
+            put(&l, &change(5, b));
         }
         let mut out = Vec::new();
         assert_eq!(l.read(0, &mut out), Err(Overflow));

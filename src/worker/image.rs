@@ -24,9 +24,10 @@ use gpu_graph_engine::flat::FlatIndex;
 use gpu_graph_engine::NO_NODE;
 use pgrx::pg_sys;
 
-use super::changes::{Change, List, PageChange, LIST_IN_LOG};
+use super::changes::{Change, List, PageChange, Row, LIST_IN_LOG};
 use super::ring::Request;
-use crate::storage::codec::PageRef;
+use super::stats::{add, counters};
+use crate::storage::codec::{PageRef, Tuple};
 use crate::storage::layout::{Element, Layout};
 use crate::storage::meta::{Meta, FORMAT_VERSION, MAGIC};
 
@@ -448,38 +449,41 @@ impl Target for GpuPatch {
 }
 
 /// What changed in an index since its copy last followed the change log:
-/// pages to read again, and lists the log carries (node `lo`'s).
+/// pages to read again, and lists and rows the log carries (node `lo`'s).
 #[derive(Default)]
 pub struct Changed {
     pub pages: Vec<PageChange>,
     pub lists: Vec<(PageChange, List)>,
+    pub rows: Vec<(PageChange, Row)>,
 }
 
 impl Changed {
     pub fn clear(&mut self) {
         self.pages.clear();
         self.lists.clear();
+        self.rows.clear();
     }
     pub fn is_empty(&self) -> bool {
-        self.pages.is_empty() && self.lists.is_empty()
+        self.len() == 0
     }
-    /// Takes `c`: its list when it carries one, else its page.
+    /// Takes `c`: its list or row when it carries one, else its page.
     pub fn add(&mut self, c: &Change) {
-        match c.list {
-            Some(list) => self.lists.push((c.page, list)),
-            None => self.pages.push(c.page),
+        match (c.list, &c.row) {
+            (Some(list), _) => self.lists.push((c.page, list)),
+            (None, Some(row)) => self.rows.push((c.page, row.clone())),
+            (None, None) => self.pages.push(c.page),
         }
     }
-    /// Pages and lists to copy.
+    /// Pages, lists and rows to copy.
     pub fn len(&self) -> usize {
-        self.pages.len() + self.lists.len()
+        self.pages.len() + self.lists.len() + self.rows.len()
     }
 }
 
 /// Copies page `p` (block `c.block`) of an index in layout `l` into
 /// `target`: a graph page's lists, or a vector page's flags and vectors, of
-/// the nodes in `c.lo..c.hi` that the target has.
-fn copy_block(target: &mut dyn Target, l: &Layout, c: PageChange, p: PageRef) {
+/// the nodes in `c.lo..c.hi` that the target has. The rows copied.
+fn copy_block(target: &mut dyn Target, l: &Layout, c: PageChange, p: PageRef) -> usize {
     let n = target.len();
     let chunk = (c.block as usize - 1) / l.pages_per_chunk;
     let page = (c.block as usize - 1) % l.pages_per_chunk;
@@ -491,14 +495,22 @@ fn copy_block(target: &mut dyn Target, l: &Layout, c: PageChange, p: PageRef) {
         for node in only(first, chunk_end) {
             target.list(node, p.list(l, node as u32));
         }
+        0
     } else {
         let lo = first + (page - 1) * l.per_vector_page;
-        for node in only(lo, (lo + l.per_vector_page).min(chunk_end)) {
-            let t = p.tuple(l, node as u32);
-            // the page's flags are the engine's node flags, widened
-            t.vector.copy_to(target.row(node, t.header.flags as u8));
+        let nodes = only(lo, (lo + l.per_vector_page).min(chunk_end));
+        for node in nodes.clone() {
+            copy_row(target, node, p.tuple(l, node as u32));
         }
+        nodes.len()
     }
+}
+
+/// Copies node `node`'s vector tuple `t` (read from its page, or a row the
+/// change log carried) into `target`: its flags and vector.
+fn copy_row(target: &mut dyn Target, node: usize, t: Tuple) {
+    // the page's flags are the engine's node flags, widened
+    t.vector.copy_to(target.row(node, t.header.flags as u8));
 }
 
 /// The pinned outliers go into the entry point `e`'s `list` (its last
@@ -515,10 +527,11 @@ fn pin_outliers(e: u32, list: &mut [u32], pinned: &[u32]) {
 
 /// Brings a copy of the index in `key` up to date with what changed, from
 /// the change log: the meta page first (the node count grows the copy; the
-/// entry point and pinned outliers), then the lists the log carries
-/// (`changes.lists`, in the order written), then each of `changes.pages`
-/// once, only the nodes of it that changed (read after every change noted
-/// in the log so far: the latest content wins). The index's generation
+/// entry point and pinned outliers), then the lists and rows the log
+/// carries (`changes.lists`, `changes.rows`: each node's last, unless its
+/// page is read), then each of `changes.pages` once, only the nodes of it
+/// that changed (read after every change noted in the log so far: the
+/// latest content). The index's generation
 /// now, or None when the copy cannot follow (the index locked by DDL,
 /// gone, or no longer the copy's layout): it is then refreshed whole when
 /// a request needs it.
@@ -595,22 +608,59 @@ unsafe fn patch_blocks(
         // (never carried for such an index: read their pages)
         changes.pages.extend(changes.lists.drain(..).map(|(c, _)| c));
     }
+    // rows of another size than the layout's (never written so): read
+    // from their pages
+    let pages = &mut changes.pages;
+    changes.rows.retain(|(c, row)| {
+        let fits = row.bytes().len() == l.vector_size();
+        if !fits {
+            pages.push(*c);
+        }
+        fits
+    });
+    PageChange::merged(&mut changes.pages);
+    latest(&mut changes.lists, &changes.pages);
+    latest(&mut changes.rows, &changes.pages);
     for (c, list) in changes.lists.iter().filter(|(c, _)| (c.lo as usize) < n) {
         target.list(c.lo as usize, &list[..degree]);
     }
-    PageChange::merged(&mut changes.pages);
+    // rows as their pages held them, decoded as a page's are
+    let mut logged = 0;
+    for (c, row) in changes.rows.iter().filter(|(c, _)| (c.lo as usize) < n) {
+        copy_row(target, c.lo as usize, Tuple::decode(row.bytes(), l.element));
+        logged += 1;
+    }
+    let mut read = 0;
     for &c in changes.pages.iter().filter(|c| c.block > 0 && c.block < nblocks) {
         // SAFETY: the caller's contract; the block exists.
-        let lsn =
-            unsafe { read_block(rnode, permanent, strategy, c.block, |p, lsn| (copy_block(target, &l, c, p), lsn).1) };
+        let (rows, lsn) =
+            unsafe { read_block(rnode, permanent, strategy, c.block, |p, lsn| (copy_block(target, &l, c, p), lsn)) };
+        read += rows;
         if c.lo == 0 && c.hi == u32::MAX {
             // (a page read in part leaves the rest as the copy had it)
             note_lsn(lsns, c.block, lsn);
         }
     }
+    add(&counters().patched_rows_from_log, logged);
+    add(&counters().patched_rows_from_pages, read as u64);
     let pinned: Vec<u32> = m.pinned().collect();
     target.pin(&pinned);
     Some(m.generation)
+}
+
+/// Keeps of the lists or rows the log carried (in the order written) each
+/// node's last, and none of a node whose page is read (`pages`, merged),
+/// which holds the latest: each node once, as a GPU patch's copies land in
+/// any order.
+fn latest<T>(carried: &mut Vec<(PageChange, T)>, pages: &[PageChange]) {
+    // the last of each node first (a stable sort), then the others dropped
+    carried.reverse();
+    carried.sort_by_key(|(c, _)| c.lo);
+    carried.dedup_by_key(|(c, _)| c.lo);
+    let read = |c: &PageChange| {
+        pages.binary_search_by_key(&c.block, |p| p.block).is_ok_and(|i| (pages[i].lo..pages[i].hi).contains(&c.lo))
+    };
+    carried.retain(|(c, _)| !read(c));
 }
 
 /// Remembers block `b`'s LSN as the copy read it.
@@ -653,5 +703,21 @@ pub unsafe fn resync(key: Key, file: File, target: &mut dyn Target, lsns: &mut V
             let read = changed.pages.len();
             patch_blocks(rnode, true, nblocks, target, &mut changed, lsns).map(|g| (g, read))
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_node_keeps_its_last_carried_change_unless_its_page_is_read() {
+        let c = |block, node| PageChange { block, lo: node, hi: node + 1 };
+        let mut carried = vec![(c(2, 5), 'a'), (c(2, 7), 'b'), (c(2, 5), 'c'), (c(3, 9), 'd'), (c(4, 20), 'e')];
+        let mut pages = vec![c(3, 8), c(3, 10), c(4, 21)];
+        PageChange::merged(&mut pages);
+        latest(&mut carried, &pages);
+        // node 9 is within block 3's nodes read (8..11); node 20 is not
+        assert_eq!(carried, vec![(c(2, 5), 'c'), (c(2, 7), 'b'), (c(4, 20), 'e')]);
     }
 }

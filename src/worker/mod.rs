@@ -37,19 +37,24 @@ mod stats;
 use crate::latch::{nap, sleep};
 use pgrx::pg_sys;
 
-pub use changes::{List as ChangedList, PageChange, LIST_IN_LOG};
+pub use changes::{List as ChangedList, PageChange, LIST_IN_LOG, ROW_IN_LOG};
 pub use client::{batch_first_rounds, batch_segment, first_round, insert_neighbours, verify_nodes, BatchCall};
 pub use gpu_builds::GpuBuild;
 pub use stats::{index_info, SearchInfo};
 
-/// Index pages a backend changed (storage's Xlog): noted for the worker's
-/// copies.
+/// Index pages a backend changed (storage's Xlog), with the one list or
+/// row each wrote when it did: noted for the worker's copies.
 ///
 /// # Safety
 /// `rel` must be an open relation.
-pub unsafe fn note_changes(rel: pg_sys::Relation, pages: &[PageChange], lists: &[Option<ChangedList>]) {
+pub unsafe fn note_changes(
+    rel: pg_sys::Relation,
+    pages: &[PageChange],
+    lists: &[Option<ChangedList>],
+    rows: &[Option<&[u8]>],
+) {
     // SAFETY: the caller's contract.
-    unsafe { changes::note(rel, pages, lists) }
+    unsafe { changes::note(rel, pages, lists, rows) }
 }
 
 /// A scan the worker answered first goes on searching on the CPU.

@@ -183,6 +183,8 @@ impl Residency {
             if blocks.is_empty() {
                 continue;
             }
+            // (the patch drops lists and rows that later changes supersede)
+            let noted = blocks.len();
             let t = std::time::Instant::now();
             // SAFETY: the worker's main thread (the caller's contract).
             let patched = unsafe { follow(r, device, &mut blocks, shared) }?;
@@ -191,7 +193,7 @@ impl Residency {
                 Some(g) => {
                     r.generation = g;
                     add(&shared.counters.patches, 1);
-                    add(&shared.counters.patched_pages, blocks.len() as u64);
+                    add(&shared.counters.patched_pages, noted as u64);
                     touched = true;
                 }
                 // refreshed whole when a request asks for a newer one

@@ -46,6 +46,10 @@ pub struct Counters {
     pub patches: AtomicU64,
     pub patched_pages: AtomicU64,
     pub log_overflows: AtomicU64,
+    /// rows (vector tuples) patched into copies: as the change log carried
+    /// them, and read from their pages
+    pub patched_rows_from_log: AtomicU64,
+    pub patched_rows_from_pages: AtomicU64,
     /// copies brought up to date in place after an overflow (pages whose
     /// LSN moved read again), and the pages read
     pub resyncs: AtomicU64,
@@ -91,6 +95,8 @@ impl Counters {
             patches: AtomicU64::new(0),
             patched_pages: AtomicU64::new(0),
             log_overflows: AtomicU64::new(0),
+            patched_rows_from_log: AtomicU64::new(0),
+            patched_rows_from_pages: AtomicU64::new(0),
             resyncs: AtomicU64::new(0),
             resynced_pages: AtomicU64::new(0),
             patch_us: AtomicU64::new(0),
@@ -322,6 +328,9 @@ struct Residency {
     patches: u64,
     patched_pages: u64,
     log_overflows: u64,
+    /// rows patched in: as the change log carried them, read from pages
+    patched_rows_from_log: u64,
+    patched_rows_from_pages: u64,
     /// copies read again in place after an overflow, and the pages read
     resyncs: u64,
     resynced_pages: u64,
@@ -377,6 +386,8 @@ fn gpu_graph_worker_stats() -> JsonB {
             patches: get(&c.patches),
             patched_pages: get(&c.patched_pages),
             log_overflows: get(&c.log_overflows),
+            patched_rows_from_log: get(&c.patched_rows_from_log),
+            patched_rows_from_pages: get(&c.patched_rows_from_pages),
             resyncs: get(&c.resyncs),
             resynced_pages: get(&c.resynced_pages),
             patch_ms: get(&c.patch_us) as f64 / 1000.0,

@@ -17,7 +17,8 @@
 #      distance
 #   7. INSERT, DELETE and VACUUM under pgbench with searches through the
 #      worker: its copy follows the change log (>= 95% of the scans served
-#      by it, none out of date), a row is found through it right after its
+#      by it, none out of date; the inserted rows come with the log, not
+#      from their pages), a row is found through it right after its
 #      commit; more writes than the log holds refresh the copy whole; new
 #      rows found, the index holds exactly the table's rows
 #   8. gpu_graph.gpu_memory_limit: least recently used copies evicted, an
@@ -272,6 +273,7 @@ current items_idx items
 before=$(stat scans,worker)
 stale=$(stat fallbacks,stale)
 patched=$(stat residency,patched_pages)
+rows_logged=$(stat residency,patched_rows_from_log); rows_read=$(stat residency,patched_rows_from_pages)
 ins_worker=$(stat inserts,worker); ins_cpu=$(stat inserts,cpu)
 pgbench -n -T 10 -c 6 -j 2 -f "$work/insert.sql@2" -f "$work/items.sql@6" -f "$work/delete.sql@1" postgres \
   >"$work/pgbench2.log" 2>&1 &
@@ -283,6 +285,11 @@ served=$(($(stat scans,worker) - before))
 stale=$(($(stat fallbacks,stale) - stale))
 echo "  scans served by the worker meanwhile: $served; out of date (searched on the CPU): $stale; pages patched into its copy: $(($(stat residency,patched_pages) - patched)); log overflows: $(stat residency,log_overflows)"
 [ $((served * 100)) -ge $(((served + stale) * 95)) ] || fail "the worker served $served scans, $stale went to the CPU as out of date"
+# the inserted rows come to the copy with the change log, not from their pages
+rows_logged=$(($(stat residency,patched_rows_from_log) - rows_logged))
+rows_read=$(($(stat residency,patched_rows_from_pages) - rows_read))
+echo "  rows patched into its copy from the change log: $rows_logged; read from their pages: $rows_read"
+[ "$rows_logged" -gt 0 ] || fail "no row came to the worker's copy with the change log ($rows_read read from pages)"
 # each inserted row's neighbour search is the worker's too
 ins_worker=$(($(stat inserts,worker) - ins_worker)); ins_cpu=$(($(stat inserts,cpu) - ins_cpu))
 echo "  inserted rows whose neighbours the worker found: $ins_worker; searched on the CPU: $ins_cpu"

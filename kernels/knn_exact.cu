@@ -247,8 +247,9 @@ __device__ void knn_tiles(const u16* __restrict__ Xh, const float* __restrict__ 
     }
 }
 
-// KNN_LPL (set by the host) compiles only the variant a build needs: the
-// two together take seconds of NVRTC time.
+// KNN_LPL (set by the host) compiles only the variant a build needs (0:
+// neither, for GNN-Descent's staging and re-rank): the two together take
+// seconds of NVRTC time.
 #if !defined(KNN_LPL) || KNN_LPL == 1
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
     knn_tiles_32(const u16* __restrict__ Xh, const float* __restrict__ norms, u32 n, u32 dk, float inv_scale2,

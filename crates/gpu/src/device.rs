@@ -36,8 +36,9 @@ pub struct Gpu {
     pub(crate) stream: Arc<CudaStream>,
     pub(crate) info: DeviceInfo,
     pub(crate) grnnd: Arc<CudaModule>,
-    /// knn_exact.cu compiled for 32- and 64-entry lists
-    knn: [OnceLock<Result<Arc<CudaModule>, GpuError>>; 2],
+    /// knn_exact.cu compiled with its staging and re-rank alone (what
+    /// GNN-Descent uses), and for 32- and 64-entry lists
+    knn: [OnceLock<Result<Arc<CudaModule>, GpuError>>; 3],
     /// filter.cu (the CFS filters)
     filter: OnceLock<Result<Arc<CudaModule>, GpuError>>,
     /// knn_descent.cu (GNN-Descent's k-NN graph)
@@ -110,7 +111,7 @@ impl Gpu {
                 stream,
                 info,
                 grnnd,
-                knn: [OnceLock::new(), OnceLock::new()],
+                knn: [OnceLock::new(), OnceLock::new(), OnceLock::new()],
                 filter: OnceLock::new(),
                 descent: OnceLock::new(),
                 compile_ms,
@@ -144,14 +145,13 @@ impl Gpu {
     }
 
     /// The exact k-NN kernels for lists of 32 * lpl entries (lpl 1 or 2),
-    /// compiled on first use (a build with a random start never pays for
-    /// them).
+    /// or (lpl 0) only its staging and re-rank: compiled on first use (a
+    /// build with a random start never pays for them, and GNN-Descent's
+    /// start not for the tiles, most of the ~2 s an sm_90 compile takes).
     pub(crate) fn knn_module(&self, lpl: usize) -> Result<Arc<CudaModule>, GpuError> {
-        let i = if lpl == 2 { 1 } else { 0 };
+        let i = lpl.min(2);
         self.knn[i]
-            .get_or_init(|| {
-                load_module(&self.ctx, &nvrtc::KNN_EXACT, &self.info.target, &[format!("-DKNN_LPL={}", i + 1)])
-            })
+            .get_or_init(|| load_module(&self.ctx, &nvrtc::KNN_EXACT, &self.info.target, &[format!("-DKNN_LPL={i}")]))
             .clone()
     }
 }

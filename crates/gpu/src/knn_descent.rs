@@ -69,7 +69,7 @@ pub(crate) fn descent_device(
     if n > abi::GNND_ID_MASK as usize {
         return Err(GpuError::Unsupported(format!("GNN-Descent of {n} rows (ids have 30 bits)")));
     }
-    let km = gpu.knn_module(1)?;
+    let km = gpu.knn_module(0)?;
     let m = gpu.descent_module()?;
     let init = function(&m, "gnnd_init")?;
     let sample = function(&m, "gnnd_sample")?;

@@ -712,6 +712,29 @@ mod tests {
     }
 
     #[test]
+    fn auto_starts_exact_up_to_100k_rows_then_from_gnn_descent() {
+        assert_eq!(KnnInit::Auto.start(EXACT_KNN_AUTO_MAX_ROWS), Start::Exact);
+        assert_eq!(KnnInit::Auto.start(EXACT_KNN_AUTO_MAX_ROWS + 1), Start::Descent);
+        assert_eq!(KnnInit::Random.start(10), Start::Random);
+        assert_eq!(KnnInit::Exact.start(10_000_000), Start::Exact);
+        assert_eq!(KnnInit::Descent.start(10), Start::Descent);
+    }
+
+    #[test]
+    fn a_k_nn_start_is_counted_in_the_device_memory() {
+        // what CREATE INDEX weighs against gpu_graph.build_gpu_memory
+        let p = BuildParams::default();
+        let (n, dim) = (1_000_000, 128);
+        let random = device_bytes(n, dim, &p, Start::Random);
+        let descent = device_bytes(n, dim, &p, Start::Descent);
+        let k = Run::k_init(&p, n, p.r.max(p.degree));
+        assert_eq!(descent - random, knn_descent::device_bytes(n, knn::dk_for(dim), k));
+        assert_eq!(device_bytes(n, dim, &p, Start::Exact) - random, knn::device_bytes(n, knn::dk_for(dim), k));
+        // 1M SIFT: the build measured needing 2,952 MiB with the descent
+        assert_eq!(descent >> 20, 2952);
+    }
+
+    #[test]
     fn lanes_per_distance() {
         assert_eq!(lanes_for(128, 0), 8);
         assert_eq!(lanes_for(384, 0), 16);

@@ -245,7 +245,11 @@ impl Worker {
         let mut last_sweep = Instant::now();
         let on_gpu = matches!(self.device, Device::Gpu(_));
         let spin = if on_gpu { GPU_SPIN } else { Duration::ZERO };
+        let shared = self.shared;
+        let c = &shared.counters;
         loop {
+            let pass = Instant::now();
+            let (answered, patches) = (c.answered.load(Ordering::Relaxed), c.patches.load(Ordering::Relaxed));
             // SAFETY: as in `sleep`.
             unsafe { pg_sys::ResetLatch(pg_sys::MyLatch) };
             // ProcSignal barriers (DROP DATABASE waits for every process to
@@ -289,6 +293,13 @@ impl Worker {
                 // SAFETY: as for the step above.
                 unsafe { self.residency.forget_dropped(&self.device, self.shared) };
                 last_sweep = Instant::now();
+            }
+            let worked = took
+                || loading
+                || c.answered.load(Ordering::Relaxed) != answered
+                || c.patches.load(Ordering::Relaxed) != patches;
+            if worked {
+                add(&c.work_ns, pass.elapsed().as_nanos() as u64);
             }
             if took || on_device || loading {
                 last_work = Instant::now();

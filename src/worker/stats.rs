@@ -37,6 +37,11 @@ pub struct Counters {
     pub taken: AtomicU64,
     pub answered: AtomicU64,
     pub searched: AtomicU64,
+    /// the worker's loop passes that took, answered, patched or loaded
+    /// something: their time (ns). Against the wall clock, how busy its one
+    /// thread is (its spinning while searches are on the device, and its
+    /// sleep, left out)
+    pub work_ns: AtomicU64,
     /// copies made and dropped
     pub loads: AtomicU64,
     pub load_us: AtomicU64,
@@ -89,6 +94,7 @@ impl Counters {
             taken: AtomicU64::new(0),
             answered: AtomicU64::new(0),
             searched: AtomicU64::new(0),
+            work_ns: AtomicU64::new(0),
             loads: AtomicU64::new(0),
             load_us: AtomicU64::new(0),
             evictions: AtomicU64::new(0),
@@ -299,6 +305,8 @@ struct Requests {
     mean_queue_us: Option<f64>,
     mean_search_us: Option<f64>,
     mean_roundtrip_us: Option<f64>,
+    /// the worker's thread busy taking, answering, patching and loading
+    work_ms: f64,
 }
 
 #[derive(Serialize)]
@@ -378,6 +386,7 @@ fn gpu_graph_worker_stats() -> JsonB {
             mean_queue_us: mean_of(&c.latency.queue),
             mean_search_us: mean_of(&c.latency.search),
             mean_roundtrip_us: mean_of(&c.latency.roundtrip),
+            work_ms: get(&c.work_ns) as f64 / 1e6,
         },
         residency: Residency {
             loads,

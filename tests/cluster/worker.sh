@@ -118,7 +118,7 @@ served_again() {
 echo "1. answers through the worker"
 [ "$(check)" = t ] || fail "first scan (no copy yet) answered wrong"
 wait_for "gpu_graph_info('grid_idx') #>> '{search,resident}' IS NOT NULL" || fail "the worker made no copy of grid_idx"
-before=$(stat scans,worker)
+before=$(stat scans,worker); busy0=$(stat requests,work_ms); t0=$(ms)
 q <<SQL
 $GPU
 CREATE TABLE via_worker AS SELECT q, knn(v, 10) AS ids FROM queries;
@@ -126,9 +126,13 @@ SET gpu_graph.search_device = cpu;
 CREATE TABLE via_cpu AS SELECT q, knn(v, 10) AS ids FROM queries;
 SQL
 served=$(($(stat scans,worker) - before))
+# the worker's busy time grew with the scans it served, within the wall time
+busy=$(awk -v a="$(stat requests,work_ms)" -v b="$busy0" 'BEGIN {print a - b}')
+awk -v w="$busy" -v t="$(($(ms) - t0))" 'BEGIN {exit !(w > 0 && w <= t)}' ||
+  fail "the worker's work time grew by $busy ms over $(($(ms) - t0)) ms"
 same=$(q -c "SELECT count(*) FROM via_worker w JOIN via_cpu c USING (q) WHERE w.ids = c.ids")
 exact=$(q -c "SELECT count(*) FROM via_worker w JOIN exact e USING (q) WHERE w.ids = e.ids")
-echo "  $served scans served by the worker; equal to the CPU scan: $same/30, exact: $exact/30"
+echo "  $served scans served by the worker (its thread busy $busy ms); equal to the CPU scan: $same/30, exact: $exact/30"
 [ "$served" -ge 30 ] || fail "the worker served $served of 30 scans"
 # the CPU test mode runs the CPU scan's search on an identical copy
 [ "$device" = gpu ] || [ "$same" = 30 ] || fail "the worker's answers differ from the CPU scan's"

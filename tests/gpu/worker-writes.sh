@@ -13,7 +13,8 @@
 # served by the worker and those that went to the CPU (as out of date, and
 # for any reason), the pages patched into its copy, the share of the
 # worker's time patching them (and reading the pages for it), the mean
-# patch, syncs over 10 ms, the worker's and the machine's CPU, what the
+# patch, syncs over 10 ms, the worker's CPU (spinning included), its
+# thread's busy share (work%: taking, answering, patching), the machine's CPU, what the
 # worker waits on (sampled, in waits.txt), the share of inserted rows
 # whose neighbour search the worker did (ins_w%); recall@10 of worker and CPU
 # scans during the writes (queries 500-999; new rows are jittered queries
@@ -113,8 +114,8 @@ for _ in $(seq 1 300); do
   PGOPTIONS="-c gpu_graph.search_device=gpu" q -c "SELECT 1 FROM items ORDER BY embedding <-> (SELECT v FROM queries WHERE id = 1) LIMIT 1" >/dev/null
 done
 
-fmt="%-7s %-5s %9s %9s %7s %8s %8s %7s %7s %7s %6s %7s %6s %5s %5s %6s %7s %6s %6s %6s\n"
-printf "$fmt" clients mode "queries/s" "writes/s" "p99 ms" "write ms" worker stale fallbk pages "patch%" "read%" "us/pat" slow "wcpu%" "cpu%" vacuums "r_gpu" "r_cpu" "ins_w%" |
+fmt="%-7s %-5s %9s %9s %7s %8s %8s %7s %7s %7s %6s %7s %6s %5s %5s %6s %6s %7s %6s %6s %6s\n"
+printf "$fmt" clients mode "queries/s" "writes/s" "p99 ms" "write ms" worker stale fallbk pages "patch%" "read%" "us/pat" slow "wcpu%" "work%" "cpu%" vacuums "r_gpu" "r_cpu" "ins_w%" |
   tee "$out/writes.txt"
 problems=()
 for c in ${CLIENTS:-64}; do
@@ -125,6 +126,7 @@ for c in ${CLIENTS:-64}; do
     o0=$(stats residency,log_overflows); t0=$(stats residency,patch_ms); pid=$(stats worker,pid)
     iw0=$(stats inserts,worker); ic0=$(stats inserts,cpu)
     f0=$(fallbacks); n0=$(stats residency,patches); r0=$(stats residency,patch_read_ms); l0=$(stats residency,slow_syncs)
+    k0=$(stats requests,work_ms)
     c0=$(proc_cpu "$pid"); read -r b0 a0 < <(busy)
     writers=(); vacuums=0
     case $mode in
@@ -164,6 +166,8 @@ for c in ${CLIENTS:-64}; do
     echo "$name worker waits: $(sort $w/waits_$name | uniq -c | sort -rn | awk '{c = $1; $1 = ""; printf "%s%s %d;", sep, $0, c; sep = " "}')" >>"$out/waits.txt"
     patch=$(awk -v a="$(stats residency,patch_ms)" -v b="$t0" -v s="$secs" 'BEGIN {printf "%.1f", (a - b) / (10 * s)}')
     wcpu=$(awk -v a="$c1" -v b="$c0" -v s="$secs" 'BEGIN {printf "%.0f", 100 * (a - b) / s}')
+    # the worker's thread busy (taking, answering, patching), not spinning
+    work=$(awk -v a="$(stats requests,work_ms)" -v b="$k0" -v s="$secs" 'BEGIN {printf "%.0f", (a - b) / (10 * s)}')
     cpu=$(awk -v b="$((b1 - b0))" -v a="$((a1 - a0))" 'BEGIN {printf "%.0f", 100 * b / a}')
     rg=-; rc=-
     # inserted rows whose neighbour search the worker did
@@ -171,7 +175,7 @@ for c in ${CLIENTS:-64}; do
     insw=$(awk -v w="$iw" -v c="$ic" 'BEGIN {if (w + c) printf "%.1f", 100 * w / (w + c); else print "-"}')
     if [ "$mode" != 0 ]; then rg=$(recall $w/probe_gpu); rc=$(recall $w/probe_cpu); fi
     printf "$fmt" "$c" "$mode" "$tps" "$wtps" "$p99" "$wlat" "$served" "$stale" "$fb" $(($(stats residency,patched_pages) - p0)) \
-      "$patch" "$read_pct" "$per" "$slow" "$wcpu" "$cpu" "$vacuums" "$rg" "$rc" "$insw" | tee -a "$out/writes.txt"
+      "$patch" "$read_pct" "$per" "$slow" "$wcpu" "$work" "$cpu" "$vacuums" "$rg" "$rc" "$insw" | tee -a "$out/writes.txt"
     [ $(($(stats residency,log_overflows) - o0)) = 0 ] || echo "  $name: the change log overflowed $(($(stats residency,log_overflows) - o0)) times"
     # `max` measures where the index's inserts top out, not a rate the
     # worker is held to

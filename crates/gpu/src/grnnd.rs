@@ -363,6 +363,8 @@ impl KnnInit {
             KnnInit::Random => Start::Random,
             KnnInit::Descent => Start::Descent,
             KnnInit::Auto if n <= EXACT_KNN_AUTO_MAX_ROWS => Start::Exact,
+            // GNN-Descent's lists hold 30-bit ids
+            KnnInit::Auto if n > abi::GNND_ID_MASK as usize => Start::Random,
             KnnInit::Auto => Start::Descent,
         }
     }
@@ -715,6 +717,7 @@ mod tests {
     fn auto_starts_exact_up_to_100k_rows_then_from_gnn_descent() {
         assert_eq!(KnnInit::Auto.start(EXACT_KNN_AUTO_MAX_ROWS), Start::Exact);
         assert_eq!(KnnInit::Auto.start(EXACT_KNN_AUTO_MAX_ROWS + 1), Start::Descent);
+        assert_eq!(KnnInit::Auto.start(1 << 30), Start::Random);
         assert_eq!(KnnInit::Random.start(10), Start::Random);
         assert_eq!(KnnInit::Exact.start(10_000_000), Start::Exact);
         assert_eq!(KnnInit::Descent.start(10), Start::Descent);

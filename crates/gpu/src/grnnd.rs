@@ -1,5 +1,6 @@
-//! The GPU build: GRNND (kernels/rnn_descent.cu) from a random start, or an
-//! exact or GNN-Descent k-NN start beside it, then the engine's final cut, done on the device.
+//! The GPU build: GRNND (kernels/rnn_descent.cu) from a random start, with
+//! an exact or GNN-Descent k-NN start beside it, then the engine's final
+//! cut, done on the device.
 
 use std::sync::Arc;
 use std::time::Instant;

@@ -2,9 +2,9 @@
 //! with fp32 accumulation, norms in the epilogue, per-row top-2k on chip, then
 //! an fp32 re-rank that keeps the k best.
 
-use cudarc::driver::sys::CUfunction_attribute;
 use std::sync::Arc;
 
+use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::driver::{CudaModule, CudaSlice, LaunchConfig, PushKernelArg};
 
 use crate::abi;

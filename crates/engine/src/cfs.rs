@@ -171,7 +171,7 @@ pub fn refine_with<C: CollectRows, F: FilterRows<Error = C::Error>>(
             })
             .collect();
         let kept = filters.filter_rows(filter, &rows, degree)?;
-        Ok(rows.iter().zip(kept).map(|(row, ids)| with_distances(row, &ids)).collect())
+        Ok(rows.par_iter().zip(kept).map(|(row, ids)| with_distances(row, &ids)).collect())
     })?;
     let Some(lists) = lists else { return Ok(None) };
     // store: reverse edges, full lists filtered again, TSDG's order
@@ -195,8 +195,10 @@ pub fn refine_with<C: CollectRows, F: FilterRows<Error = C::Error>>(
         let over: Vec<usize> = (0..rows.len()).filter(|&i| rows[i].len() > degree).collect();
         let full: Vec<Vec<(u32, f32)>> = over.iter().map(|&i| std::mem::take(&mut rows[i])).collect();
         let kept = filters.filter_rows(filter, &full, degree)?;
-        for ((i, list), row) in over.into_iter().zip(kept).zip(&full) {
-            rows[i] = with_distances(row, &list);
+        let refiltered: Vec<Vec<(u32, f32)>> =
+            full.par_iter().zip(kept).map(|(row, list)| with_distances(row, &list)).collect();
+        for (i, list) in over.into_iter().zip(refiltered) {
+            rows[i] = list;
         }
         if let Algorithm::Tsdg { max_lambda, .. } = params.algorithm {
             // TSDG's second stage: each kept list in its (lambda, distance)
@@ -268,10 +270,22 @@ impl Incoming {
     }
 }
 
-/// The ids a filter kept of `row`, with their distances from it.
+/// The ids a filter kept of `row`, with their distances from it. A filter
+/// keeps candidates in the row's order (ascending distance), so one walk
+/// along the row finds them; an id out of that order (ties) is looked for
+/// in the whole row. (A search of the whole row for each id, on one
+/// thread, was most of the refinement's own CPU time.)
 fn with_distances(row: &[(u32, f32)], kept: &[u32]) -> Vec<(u32, f32)> {
-    let found = |&id: &u32| row.iter().find(|c| c.0 == id).copied();
-    let out: Vec<(u32, f32)> = kept.iter().filter_map(found).collect();
+    let mut out = Vec::with_capacity(kept.len());
+    let mut at = 0;
+    for &id in kept {
+        if let Some(i) = row[at..].iter().position(|c| c.0 == id) {
+            out.push(row[at + i]);
+            at += i + 1;
+        } else if let Some(c) = row.iter().find(|c| c.0 == id) {
+            out.push(*c);
+        }
+    }
     debug_assert_eq!(out.len(), kept.len(), "a filter keeps only its candidates");
     out
 }

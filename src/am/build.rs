@@ -8,6 +8,7 @@
 
 use std::time::Instant;
 
+use gpu_graph_engine::cfs::{Algorithm, CfsParams};
 use gpu_graph_engine::merge;
 use gpu_graph_engine::params::BuildParams;
 use gpu_graph_engine::repair::{relink, Walk};
@@ -233,6 +234,7 @@ unsafe fn build_paged(
     mut vector_writer: Option<VectorPages>,
     params: &BuildParams,
     knn: gpu_graph_gpu::KnnInit,
+    cfs: Option<CfsParams>,
     total: Instant,
 ) -> *mut pg_sys::IndexBuildResult {
     let loader = scan.loader;
@@ -250,7 +252,7 @@ unsafe fn build_paged(
     // SAFETY: a plain setting of this backend (kB).
     let budget = unsafe { pg_sys::maintenance_work_mem } as usize * 1024;
     let plan = |held: usize| {
-        paged::plan(n, budget, &layout, params, held).unwrap_or_else(|least| {
+        paged::plan(n, budget, &layout, params, held, cfs.is_some()).unwrap_or_else(|least| {
             ereport!(
                 ERROR,
                 PgSqlErrorCode::ERRCODE_PROGRAM_LIMIT_EXCEEDED,
@@ -285,6 +287,7 @@ unsafe fn build_paged(
         merged: &mut merged,
         budget,
         lists_chunk: layout.per_chunk,
+        cfs,
     });
     drop(lists);
     report(pg_sys::PROGRESS_CREATEIDX_SUBPHASE, PHASE_GRAPH);
@@ -359,18 +362,20 @@ pub unsafe extern "C-unwind" fn ambuild(
     let (max_norm, pinned) = loader.finish();
     let load_ms = ms(t);
     if scanned.paged {
-        if cfs.is_some() {
+        if cfs.is_some_and(|c| matches!(c.algorithm, Algorithm::Tsdg { .. })) {
+            // its (lambda, distance) order is of a whole list, which a
+            // paged build unites from two shards' without their vectors
             ereport!(
                 ERROR,
                 PgSqlErrorCode::ERRCODE_PROGRAM_LIMIT_EXCEEDED,
-                "gpu_graph: algorithm nsg, vamana, cagra and tsdg build from the whole graph in memory, which this table's vectors do not fit",
-                "Raise maintenance_work_mem, or build with algorithm = 'rnn_descent'."
+                "gpu_graph: algorithm tsdg orders each whole list from its vectors in memory, which this table's vectors do not fit",
+                "Raise maintenance_work_mem, or build with another algorithm (nsg, vamana and cagra build in shards read back from the index's pages)."
             );
         }
         let scan =
             Scan { loader: &loader, heap_tuples: scanned.heap_tuples, workers: scanned.workers, load_ms, streamed_ms };
         // SAFETY: ambuild's index, its vector pages written by `out`.
-        return unsafe { build_paged(index, scan, meta, out, vector_writer, &params, knn, total) };
+        return unsafe { build_paged(index, scan, meta, out, vector_writer, &params, knn, cfs, total) };
     }
 
     let n = loader.payloads.len();

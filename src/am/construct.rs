@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, OnceLock};
 use std::time::{Duration, Instant};
 
+use gpu_graph_engine::cfs::CfsParams;
 use gpu_graph_engine::cost;
 use gpu_graph_engine::graph::Graph;
 use gpu_graph_engine::params::BuildParams;
@@ -372,6 +373,9 @@ pub struct PagedBuild<'a> {
     pub budget: usize,
     /// nodes whose lists are written together (a graph page's chunk)
     pub lists_chunk: usize,
+    /// NSG, Vamana or CAGRA: each shard's graph refined by CFS while its
+    /// rows are in memory (`sharded::Refined`)
+    pub cfs: Option<CfsParams>,
 }
 
 /// The graph of a paged build (its vectors in the index's pages, read
@@ -455,7 +459,9 @@ pub fn construct_paged(b: PagedBuild) -> Constructed {
                 return Err(first_error.unwrap_or_else(|| GpuError::Cuda("the GPU build threads ended".into())));
             }
             let budget = gpu_budget(BUILD_GPU_MEMORY.get().max(0) as usize, usable);
-            if device_bytes(n, sd, params, knn.start(n)) <= budget {
+            // (a CFS graph is refined from all its vectors at once, which
+            // the host cannot hold: shards then, each refined)
+            if b.cfs.is_none() && device_bytes(n, sd, params, knn.start(n)) <= budget {
                 notice!(
                     "gpu_graph: building {n} rows on the GPU, streamed from the index's pages (the vectors exceed maintenance_work_mem); expected {:.1} s of graph construction",
                     cost::streamed_seconds(n, sd)
@@ -492,19 +498,25 @@ pub fn construct_paged(b: PagedBuild) -> Constructed {
                 watch,
                 failed: None,
             };
-            let r = sharded::build_in_shards(
-                b.rows,
-                b.lists,
-                plan,
-                &mut gpu,
-                b.merged,
-                &mut |done: usize, total: usize| {
+            let mut go_on = || {
+                pg_sys::check_for_interrupts!();
+                !watch.stop()
+            };
+            let mut refined;
+            let builder: &mut dyn ShardBuilder = match b.cfs {
+                Some(params) => {
+                    refined = sharded::Refined { inner: &mut gpu, dim: sd, params, go_on: &mut go_on };
+                    &mut refined
+                }
+                None => &mut gpu,
+            };
+            let r =
+                sharded::build_in_shards(b.rows, b.lists, plan, builder, b.merged, &mut |done: usize, total: usize| {
                     watch.shards.store(total, Ordering::Relaxed);
                     watch.shard.store(done, Ordering::Relaxed);
                     pg_sys::check_for_interrupts!();
                     true
-                },
-            );
+                });
             // the threads' loops end with their queue
             gpu.to = None;
             r.ok_or_else(|| gpu.failed.take().unwrap_or(GpuError::Cancelled))
@@ -534,11 +546,23 @@ pub fn construct_paged(b: PagedBuild) -> Constructed {
         notice!(
             "gpu_graph: building {n} rows read back from the index's pages in {k} shards of at most {cap} rows on the CPU (the vectors exceed maintenance_work_mem)"
         );
+        let mut go_on = || {
+            pg_sys::check_for_interrupts!();
+            true
+        };
+        let mut refined;
+        let builder: &mut dyn ShardBuilder = match b.cfs {
+            Some(params) => {
+                refined = sharded::Refined { inner: &mut cpu, dim: sd, params, go_on: &mut go_on };
+                &mut refined
+            }
+            None => &mut cpu,
+        };
         let (entry, stats) = sharded::build_in_shards(
             b.rows,
             b.lists,
             plan,
-            &mut cpu,
+            builder,
             b.merged,
             &mut |done: usize, all: usize| {
                 shard.set(done);

@@ -143,6 +143,13 @@ pub fn builder_bytes_per_row(params: &BuildParams) -> usize {
     8 + params.r * 16 + params.degree * 4
 }
 
+/// What a CFS refinement (gpu_graph_engine::cfs::refine) of a shard holds
+/// a row besides its rows and start graph: the collected lists and their
+/// reverse edges with distances, the stored lists and the new graph.
+pub fn refine_bytes_per_row(degree: usize) -> usize {
+    degree * (8 + 8 + 8 + 4) + 16
+}
+
 /// The fewest rows a shard may hold: a budget that fits fewer cannot build.
 pub const MIN_SHARD_ROWS: usize = 1000;
 
@@ -151,16 +158,27 @@ pub const MIN_SHARD_ROWS: usize = 1000;
 /// most an eighth of the budget; a shard's rows cost their vectors (times
 /// the shards held at once: one for each GPU building and the next one
 /// read), the builder's pools
-/// (`per_row`) and their lists with distances; the merge takes a quarter of
+/// (`per_row`; with `refine`, what a shard's CFS refinement holds besides)
+/// and their lists with distances; the merge takes a quarter of
 /// the budget, in whole chunks. None when a shard of MIN_SHARD_ROWS does
 /// not fit (or the whole build, when smaller): the least budget, in bytes.
-pub fn plan(n: usize, budget: usize, layout: &Layout, params: &BuildParams, shards_held: usize) -> Result<Plan, usize> {
+pub fn plan(
+    n: usize,
+    budget: usize,
+    layout: &Layout,
+    params: &BuildParams,
+    shards_held: usize,
+    refine: bool,
+) -> Result<Plan, usize> {
     let ahead = shards_held > 1;
     // each GPU's builder holds its shard's download of lists on the host,
     // and one more is held while a shard's lists are given distances (measured: 20M
     // x 96 at 2 GB peaked at 2.8 GB private before this was charged, the
     // CUDA context's ~0.4 GB included); the CPU's its candidate pools
-    let per_row = if ahead { params.degree * 4 * shards_held } else { builder_bytes_per_row(params) };
+    let mut per_row = if ahead { params.degree * 4 * shards_held } else { builder_bytes_per_row(params) };
+    if refine {
+        per_row += refine_bytes_per_row(params.degree);
+    }
     let row = layout.stored_dim * 4;
     let sample = (budget / 8 / row).min(SAMPLE);
     let fixed = 8 * n + sample * row;

@@ -502,21 +502,19 @@ pub fn construct_paged(b: PagedBuild) -> Constructed {
                 pg_sys::check_for_interrupts!();
                 !watch.stop()
             };
-            let mut refined;
-            let builder: &mut dyn ShardBuilder = match b.cfs {
-                Some(params) => {
-                    refined = sharded::Refined { inner: &mut gpu, dim: sd, params, go_on: &mut go_on };
-                    &mut refined
-                }
-                None => &mut gpu,
-            };
-            let r =
-                sharded::build_in_shards(b.rows, b.lists, plan, builder, b.merged, &mut |done: usize, total: usize| {
+            let r = sharded::build_in_shards(
+                b.rows,
+                b.lists,
+                plan,
+                &mut *refining(&mut gpu, b.cfs, sd, &mut go_on),
+                b.merged,
+                &mut |done: usize, total: usize| {
                     watch.shards.store(total, Ordering::Relaxed);
                     watch.shard.store(done, Ordering::Relaxed);
                     pg_sys::check_for_interrupts!();
                     true
-                });
+                },
+            );
             // the threads' loops end with their queue
             gpu.to = None;
             r.ok_or_else(|| gpu.failed.take().unwrap_or(GpuError::Cancelled))
@@ -550,19 +548,11 @@ pub fn construct_paged(b: PagedBuild) -> Constructed {
             pg_sys::check_for_interrupts!();
             true
         };
-        let mut refined;
-        let builder: &mut dyn ShardBuilder = match b.cfs {
-            Some(params) => {
-                refined = sharded::Refined { inner: &mut cpu, dim: sd, params, go_on: &mut go_on };
-                &mut refined
-            }
-            None => &mut cpu,
-        };
         let (entry, stats) = sharded::build_in_shards(
             b.rows,
             b.lists,
             plan,
-            builder,
+            &mut *refining(&mut cpu, b.cfs, sd, &mut go_on),
             b.merged,
             &mut |done: usize, all: usize| {
                 shard.set(done);
@@ -582,6 +572,20 @@ pub fn construct_paged(b: PagedBuild) -> Constructed {
         download_ms: 0.0,
         shards: stats,
         cfs: None,
+    }
+}
+
+/// `builder`, each shard's graph then refined by `cfs`'s filter when the
+/// index has one (`sharded::Refined`); `go_on` is asked between steps.
+fn refining<'a>(
+    builder: &'a mut dyn ShardBuilder,
+    cfs: Option<CfsParams>,
+    dim: usize,
+    go_on: &'a mut dyn FnMut() -> bool,
+) -> Box<dyn ShardBuilder + 'a> {
+    match cfs {
+        Some(params) => Box::new(sharded::Refined { inner: builder, dim, params, go_on }),
+        None => Box::new(builder),
     }
 }
 

@@ -112,26 +112,48 @@ pub struct ChangeLog {
     published: AtomicU64,
     entries: [Entry; CAPACITY],
     /// entry `seq`'s list, when it has one, at `seq % PAYLOADS`
-    payloads: [Payload; PAYLOADS],
+    payloads: [Stamped<LIST_WORDS>; PAYLOADS],
     /// granules ever taken by rows (the next row's first, mod GRANULES)
     rows_head: AtomicU64,
-    rows: [Granule; GRANULES],
+    rows: [Stamped<GRANULE_WORDS>; GRANULES],
 }
 
+/// W words written under a stamp (a seqlock): 0 while being written, else
+/// the seq + 1 of the entry whose list or part of a row they hold. A reader
+/// takes the words only when the stamp is the one it wants before and
+/// after reading them. One slot of the list payloads, or one granule of
+/// the row log.
 #[repr(C)]
-struct Granule {
-    /// as an entry's: 0 while being written, else the seq + 1 of the
-    /// entry whose row it holds part of
+struct Stamped<const W: usize> {
     stamp: AtomicU64,
-    words: [AtomicU64; GRANULE_WORDS],
+    words: [AtomicU64; W],
 }
 
-#[repr(C)]
-struct Payload {
-    /// as an entry's: 0 while being written, else seq + 1
-    stamp: AtomicU64,
-    list: [AtomicU32; LIST_IN_LOG],
+impl<const W: usize> Stamped<W> {
+    /// Writes `words` (the rest of the slot left as it was) for entry `seq`.
+    fn put(&self, seq: u64, words: impl Iterator<Item = u64>) {
+        self.stamp.store(0, Ordering::Relaxed);
+        fence(Ordering::Release);
+        for (to, w) in self.words.iter().zip(words) {
+            to.store(w, Ordering::Relaxed);
+        }
+        self.stamp.store(seq + 1, Ordering::Release);
+    }
+
+    /// The words, if entry `seq`'s were whole here before and after reading.
+    fn get(&self, seq: u64) -> Option<[u64; W]> {
+        if self.stamp.load(Ordering::Acquire) != seq + 1 {
+            return None;
+        }
+        let words = std::array::from_fn(|i| self.words[i].load(Ordering::Relaxed));
+        fence(Ordering::Acquire);
+        (self.stamp.load(Ordering::Relaxed) == seq + 1).then_some(words)
+    }
 }
+
+/// A list's words in a payload: two ids a word.
+const LIST_WORDS: usize = LIST_IN_LOG / 2;
+const _: () = assert!(LIST_IN_LOG.is_multiple_of(2));
 
 #[repr(C)]
 struct Entry {
@@ -224,13 +246,8 @@ impl ChangeLog {
             e.row_at.store(self.put_row(seq, row), Ordering::Relaxed);
         }
         if let Some(list) = list {
-            let p = &self.payloads[(seq % PAYLOADS as u64) as usize];
-            p.stamp.store(0, Ordering::Relaxed);
-            fence(Ordering::Release);
-            for (to, &from) in p.list.iter().zip(list) {
-                to.store(from, Ordering::Relaxed);
-            }
-            p.stamp.store(seq + 1, Ordering::Release);
+            let words = list.chunks_exact(2).map(|w| w[0] as u64 | (w[1] as u64) << 32);
+            self.payloads[(seq % PAYLOADS as u64) as usize].put(seq, words);
         }
         e.stamp.store(seq + 1, Ordering::Release);
     }
@@ -239,13 +256,7 @@ impl ChangeLog {
     fn put_row(&self, seq: u64, row: &[u8]) -> u32 {
         let first = self.rows_head.fetch_add(row.len().div_ceil(GRANULE_BYTES) as u64, Ordering::Relaxed);
         for (i, part) in row.chunks(GRANULE_BYTES).enumerate() {
-            let g = &self.rows[((first + i as u64) % GRANULES as u64) as usize];
-            g.stamp.store(0, Ordering::Relaxed);
-            fence(Ordering::Release);
-            for (to, from) in g.words.iter().zip(part.chunks(8)) {
-                to.store(word(from), Ordering::Relaxed);
-            }
-            g.stamp.store(seq + 1, Ordering::Release);
+            self.rows[((first + i as u64) % GRANULES as u64) as usize].put(seq, part.chunks(8).map(word));
         }
         (first % GRANULES as u64) as u32
     }
@@ -256,28 +267,15 @@ impl ChangeLog {
         let len = len as usize;
         let mut words = Vec::with_capacity(len.div_ceil(GRANULE_BYTES) * GRANULE_WORDS);
         for i in 0..len.div_ceil(GRANULE_BYTES) {
-            let g = &self.rows[(at as usize + i) % GRANULES];
-            if g.stamp.load(Ordering::Acquire) != seq + 1 {
-                return None;
-            }
-            words.extend(g.words.iter().map(|w| w.load(Ordering::Relaxed)));
-            fence(Ordering::Acquire);
-            if g.stamp.load(Ordering::Relaxed) != seq + 1 {
-                return None;
-            }
+            words.extend(self.rows[(at as usize + i) % GRANULES].get(seq)?);
         }
         Some(Row { words, len })
     }
 
     /// Entry `seq`'s list, if it is still in the payloads.
     fn list(&self, seq: u64) -> Option<List> {
-        let p = &self.payloads[(seq % PAYLOADS as u64) as usize];
-        if p.stamp.load(Ordering::Acquire) != seq + 1 {
-            return None;
-        }
-        let list: List = std::array::from_fn(|i| p.list[i].load(Ordering::Relaxed));
-        fence(Ordering::Acquire);
-        (p.stamp.load(Ordering::Relaxed) == seq + 1).then_some(list)
+        let words = self.payloads[(seq % PAYLOADS as u64) as usize].get(seq)?;
+        Some(std::array::from_fn(|i| (words[i / 2] >> (32 * (i % 2))) as u32))
     }
 
     /// The next entry's sequence number: where a reader starting now begins.

@@ -98,6 +98,25 @@ __device__ __forceinline__ float group_dist(Vecs V, u32 a, u32 b, u32 sub, u32 G
     return acc;
 }
 
+// MMA accumulator tiles (M x N tiles of 4 floats a lane) set to zero.
+template <int M, int N>
+__device__ __forceinline__ void zero_tiles(float (&acc)[M][N][4]) {
+#pragma unroll
+    for (int m = 0; m < M; ++m)
+#pragma unroll
+        for (int n = 0; n < N; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[m][n][e] = 0.f;
+}
+
+// A candidate slot of GRNND's pools and GNN-Descent's lists: the distance's
+// bits above the id and its flags, so that slots order by distance as
+// integers (distances are never negative).
+__device__ __forceinline__ u64 pack_slot(float d, u32 id_and_flags) {
+    return ((u64)__float_as_uint(d) << 32) | (u64)id_and_flags;
+}
+__device__ __forceinline__ float slot_dist(u64 s) { return __uint_as_float((u32)(s >> 32)); }
+
 // One tensor-core step, D += A B (m16n8k16, fp16 in, fp32 accumulate), as
 // inline PTX (NVRTC has no mma.h on a driver-only machine). Fragments, with
 // g = lane / 4 and t = lane % 4 (PTX ISA, "mma.m16n8k16"): a0 = A[g][2t..],

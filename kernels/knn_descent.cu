@@ -42,11 +42,8 @@
 #define KC GG_KNN_KC
 #define STR (GG_KNN_KC + GG_KNN_KPAD)  // halves a staged row takes in shared memory
 
-__device__ __forceinline__ u64 gslot(float d, u32 id_flags) { return ((u64)__float_as_uint(d) << 32) | id_flags; }
 __device__ __forceinline__ u32 gid(u64 s) { return (u32)s & ID_MASK; }
-__device__ __forceinline__ float gdist(u64 s) {
-    return s == EMPTY ? __int_as_float(0x7f800000) : __uint_as_float((u32)(s >> 32));
-}
+__device__ __forceinline__ float gdist(u64 s) { return s == EMPTY ? __int_as_float(0x7f800000) : slot_dist(s); }
 
 // A squared distance from norms and a product, never below +0 (a -0's bits
 // would sort as the largest key).
@@ -147,7 +144,7 @@ extern "C" __global__ void gnnd_init(const u16* __restrict__ Xh, const float* __
     if (v >= n) return;
     u32 r = (u32)(mix64(seed ^ ((u64)v * K + lane + 1)) % (u64)(n - 1));
     if (r >= v) ++r;
-    u64 s = gslot(staged_dist(Xh, norms, dk, inv_scale2, v, r), r | NEW_F);
+    u64 s = pack_slot(staged_dist(Xh, norms, dk, inv_scale2, v, r), r | NEW_F);
     s = warp_sort(drop_repeats(s, lane), lane);
     lists[(size_t)v * K + lane] = s;
 }
@@ -210,12 +207,7 @@ extern "C" __global__ void __launch_bounds__(GG_GNND_WARPS * 32)
 
     const u32 g = lane >> 2, t = lane & 3;
     float acc[2][4][4];
-#pragma unroll
-    for (int mi = 0; mi < 2; ++mi)
-#pragma unroll
-        for (int ni = 0; ni < 4; ++ni)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) acc[mi][ni][e] = 0.f;
+    zero_tiles(acc);
     for (u32 c0 = 0; c0 < dk; c0 += KC) {
         // 32 rows x KC halves = 256 16-byte pieces, 8 a lane
         for (u32 p = lane; p < 32 * KC / 8; p += 32) {
@@ -289,7 +281,7 @@ extern "C" __global__ void __launch_bounds__(GG_GNND_WARPS * 32)
                 }
                 if (t == 0 && best_id != GG_NO_NODE && best < rworst) {
                     const u32 at = atomicAdd(cand_cnt + rid, 1u);
-                    if (at < CAND) cand[(size_t)rid * CAND + at] = gslot(best, best_id);
+                    if (at < CAND) cand[(size_t)rid * CAND + at] = pack_slot(best, best_id);
                 }
             }
         }
@@ -348,7 +340,7 @@ extern "C" __global__ void gnnd_expand(const u16* __restrict__ Xh, const float* 
         u64 c = EMPTY;
         if (x != NOT_AN_ID && !known) {
             const float d = staged_dist(Xh, norms, dk, inv_scale2, v, x);
-            if (d < worst) c = gslot(d, x);
+            if (d < worst) c = pack_slot(d, x);
         }
         u32 entered;
         list = merge_into(list, c, lane, &entered);

@@ -151,12 +151,7 @@ __device__ void knn_tiles(const u16* __restrict__ Xh, const float* __restrict__ 
     // to cand_i / cand_d at the end and come back with `resume`
     for (u32 col0 = col_begin; col0 < col_end; col0 += BN) {
         float acc[4][4][4];
-#pragma unroll
-        for (int a = 0; a < 4; ++a)
-#pragma unroll
-            for (int b = 0; b < 4; ++b)
-#pragma unroll
-                for (int c = 0; c < 4; ++c) acc[a][b][c] = 0.f;
+        zero_tiles(acc);
 
         for (u32 k0 = 0; k0 < dk; k0 += KC) {
             __syncthreads();  // previous stage (or epilogue) done with As/Bs

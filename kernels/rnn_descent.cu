@@ -82,11 +82,7 @@
 // Tries of the compare-and-swap of a full pool's farthest slot.
 #define REPLACE_TRIES 4
 
-__device__ __forceinline__ u64 pack_slot(float d, u32 id_and_flag) {
-    return ((u64)__float_as_uint(d) << 32) | (u64)id_and_flag;
-}
 __device__ __forceinline__ u32 slot_id(u64 s) { return (u32)s & ID_MASK; }
-__device__ __forceinline__ float slot_dist(u64 s) { return __uint_as_float((u32)(s >> 32)); }
 
 __device__ __forceinline__ u64 load_slot(const u64* p) {
     // pools are written by other warps during a round

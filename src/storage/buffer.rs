@@ -1,13 +1,15 @@
-//! Buffers with their lock held, and GenericXLog records over them.
+//! Buffers with their lock held, and generic WAL records over them.
 //!
 //! Every page of the index uses the whole area after the page header as
-//! contents, with pd_lower = pd_upper = BLCKSZ so that neither GenericXLog nor
+//! contents, with pd_lower = pd_upper = BLCKSZ so that neither a generic WAL record nor
 //! log_newpage_range mistakes any of it for a hole (`codec` formats them).
 
 use pgrx::pg_sys;
 
+use super::bulk::{relation_needs_wal, Image};
 use super::codec::{PageMut, PageRef};
-use super::layout::Layout;
+use super::delta::page_delta;
+use super::layout::{Layout, BLCKSZ};
 use crate::worker::{ChangedList, PageChange, LIST_IN_LOG, ROW_IN_LOG};
 use gpu_graph_engine::NO_NODE;
 
@@ -68,7 +70,7 @@ impl Locked {
     ///
     /// # Safety
     /// Nothing may write the buffer while the view lives: under an exclusive
-    /// lock, no GenericXLogFinish or in-place write of this buffer meanwhile.
+    /// lock, no Xlog::finish or in-place write of this buffer meanwhile.
     pub unsafe fn page(&self) -> PageRef<'_> {
         // SAFETY: the buffer is pinned and locked while `self` lives, so its
         // page is a MAXALIGNed BLCKSZ image no other process writes; this
@@ -87,12 +89,17 @@ impl Drop for Locked {
     }
 }
 
-/// GenericXLog's most pages a record (MAX_GENERIC_XLOG_PAGES).
+/// A record's most pages (generic_xlog.c's MAX_GENERIC_XLOG_PAGES: what
+/// generic_redo replays).
 const MAX_PAGES: usize = 4;
 
-/// One GenericXLog record over up to four locked buffers.
+/// One WAL record over up to four locked buffers, in the format of
+/// PostgreSQL's generic WAL records (resource manager RM_GENERIC_ID), which
+/// every server replays without this extension: the changes are made to
+/// private copies of the pages, then applied and logged at once as
+/// GenericXLogFinish does, each page's change found by [`page_delta`]
+/// rather than its byte-by-byte comparison (see `delta`).
 pub struct Xlog {
-    state: *mut pg_sys::GenericXLogState,
     rel: pg_sys::Relation,
     /// the pages registered (and the nodes changed on each), for the
     /// change log
@@ -103,6 +110,9 @@ pub struct Xlog {
     /// which `finish` reads from the buffer for the change log
     bufs: [pg_sys::Buffer; MAX_PAGES],
     rows: [Option<(u32, Layout)>; MAX_PAGES],
+    /// each page's new image, and whether it is logged whole (a new page)
+    images: [Option<Box<Image>>; MAX_PAGES],
+    fresh: [bool; MAX_PAGES],
     registered: usize,
 }
 
@@ -111,15 +121,14 @@ impl Xlog {
     /// `rel` must be an open index relation, and each buffer registered
     /// stay locked exclusively until `finish` returns.
     pub unsafe fn start(rel: pg_sys::Relation) -> Xlog {
-        // SAFETY: `rel` is an open relation (the caller's contract).
-        let state = unsafe { pg_sys::GenericXLogStart(rel) };
         Xlog {
-            state,
             rel,
             pages: [PageChange::whole(0); MAX_PAGES],
             lists: [None; MAX_PAGES],
             bufs: [0; MAX_PAGES],
             rows: [None; MAX_PAGES],
+            images: Default::default(),
+            fresh: [false; MAX_PAGES],
             registered: 0,
         }
     }
@@ -128,20 +137,35 @@ impl Xlog {
     /// of its page to modify, which the record applies at [`Xlog::finish`].
     /// `fresh` logs the full image (a new page).
     pub fn register(&mut self, locked: &Locked, fresh: bool) -> PageMut<'_> {
-        let flags = if fresh { pg_sys::GENERIC_XLOG_FULL_IMAGE as i32 } else { 0 };
-        // GenericXLogRegisterBuffer refuses a fifth page with an ERROR first
-        if self.registered < MAX_PAGES {
-            self.pages[self.registered] = PageChange::whole(locked.block());
-            self.lists[self.registered] = None;
-            self.bufs[self.registered] = locked.buf;
-            self.rows[self.registered] = None;
-            self.registered += 1;
-        }
-        // SAFETY: the state is live until finish or drop, which take `self`;
-        // the buffer is pinned and locked (`locked`). The image returned is
-        // the state's own MAXALIGNed copy of the page, which only the view
+        // a page registered again is changed further in the same image (as
+        // GenericXLogRegisterBuffer does)
+        let i = match self.bufs[..self.registered].iter().position(|&b| b == locked.buf) {
+            Some(i) => i,
+            None => {
+                let i = self.registered;
+                if i == MAX_PAGES {
+                    // (a caller's bug, as GenericXLogRegisterBuffer's ERROR)
+                    pgrx::error!("gpu_graph: a WAL record over more than {MAX_PAGES} pages");
+                }
+                self.pages[i] = PageChange::whole(locked.block());
+                self.bufs[i] = locked.buf;
+                self.fresh[i] = fresh;
+                self.registered += 1;
+                // SAFETY: the buffer is pinned and locked exclusively
+                // (`locked`, the caller's contract): its page is BLCKSZ
+                // bytes no one writes meanwhile.
+                let page =
+                    unsafe { std::slice::from_raw_parts(pg_sys::BufferGetPage(locked.buf) as *const u8, BLCKSZ) };
+                let mut image = Box::new(Image([0; BLCKSZ]));
+                image.0.copy_from_slice(page);
+                self.images[i] = Some(image);
+                i
+            }
+        };
+        let image = self.images[i].as_mut().expect("a registered page has its image");
+        // SAFETY: the image is MAXALIGNed BLCKSZ bytes that only this view
         // uses until the borrow of `self` ends.
-        unsafe { PageMut::new(pg_sys::GenericXLogRegisterBuffer(self.state, locked.buf, flags)) }
+        unsafe { PageMut::new(image.0.as_mut_ptr() as pg_sys::Page) }
     }
 
     /// Tells the change log that only `nodes`' lists or rows changed on the
@@ -181,27 +205,63 @@ impl Xlog {
     /// commit).
     pub fn finish(self) {
         let n = self.registered;
-        // SAFETY: the state is live (finish consumes it; forget skips the
-        // abort); `rel` is open (start's contract). The rows are read from
-        // the buffers, changed now, under the caller's exclusive locks
-        // (register's contract), which outlive this call.
+        // SAFETY: `rel` is open (start's contract); each buffer registered
+        // is pinned and locked exclusively until after this returns.
         unsafe {
-            pg_sys::GenericXLogFinish(self.state);
+            let page = |i: usize| pg_sys::BufferGetPage(self.bufs[i]);
+            let images: [&[u8]; MAX_PAGES] = std::array::from_fn(|i| self.images[i].as_ref().map_or(&[][..], |m| &m.0));
+            if relation_needs_wal(self.rel) {
+                // the changes found before the critical section (they allocate)
+                let deltas: Vec<Option<Vec<u8>>> = (0..n)
+                    .map(|i| {
+                        let old = std::slice::from_raw_parts(page(i) as *const u8, BLCKSZ);
+                        // a page with a hole (none of ours: see the top) is
+                        // logged whole rather than reason about it here
+                        (!self.fresh[i] && no_hole(old) && no_hole(images[i])).then(|| {
+                            let mut d = Vec::with_capacity(256);
+                            page_delta(old, images[i], &mut d);
+                            d
+                        })
+                    })
+                    .collect();
+                pg_sys::XLogBeginInsert();
+                pg_sys::CritSectionCount += 1;
+                for (i, delta) in deltas.iter().enumerate() {
+                    std::ptr::copy_nonoverlapping(images[i].as_ptr(), page(i) as *mut u8, BLCKSZ);
+                    pg_sys::MarkBufferDirty(self.bufs[i]);
+                    let whole = if delta.is_none() { pg_sys::REGBUF_FORCE_IMAGE } else { 0 };
+                    pg_sys::XLogRegisterBuffer(i as u8, self.bufs[i], (pg_sys::REGBUF_STANDARD | whole) as u8);
+                    if let Some(d) = delta.as_ref().filter(|d| !d.is_empty()) {
+                        pg_sys::XLogRegisterBufData(i as u8, d.as_ptr() as *mut _, d.len() as i32);
+                    }
+                }
+                let lsn = pg_sys::XLogInsert(pg_sys::RmgrIds::RM_GENERIC_ID as u8, 0);
+                for i in 0..n {
+                    let header = &mut *(page(i) as *mut pg_sys::PageHeaderData);
+                    header.pd_lsn = pg_sys::PageXLogRecPtr { xlogid: (lsn >> 32) as u32, xrecoff: lsn as u32 };
+                }
+                pg_sys::CritSectionCount -= 1;
+            } else {
+                pg_sys::CritSectionCount += 1;
+                for (i, image) in images.iter().enumerate().take(n) {
+                    std::ptr::copy_nonoverlapping(image.as_ptr(), page(i) as *mut u8, BLCKSZ);
+                    pg_sys::MarkBufferDirty(self.bufs[i]);
+                }
+                pg_sys::CritSectionCount -= 1;
+            }
             let rows: [Option<&[u8]>; MAX_PAGES] = std::array::from_fn(|i| {
                 let (node, layout) = self.rows[i].filter(|_| i < n)?;
-                Some(PageRef::new(pg_sys::BufferGetPage(self.bufs[i])).tuple_bytes(&layout, node))
+                Some(PageRef::new(page(i)).tuple_bytes(&layout, node))
             });
             crate::worker::note_changes(self.rel, &self.pages[..n], &self.lists[..n], &rows[..n]);
         }
-        std::mem::forget(self);
     }
 }
 
-impl Drop for Xlog {
-    fn drop(&mut self) {
-        if !std::thread::panicking() {
-            // SAFETY: the state is live: finish forgets `self` instead of dropping it.
-            unsafe { pg_sys::GenericXLogAbort(self.state) };
-        }
-    }
+/// Whether a page image has no hole between pd_lower and pd_upper (every
+/// page of ours: see the top), so that its every byte is content.
+fn no_hole(page: &[u8]) -> bool {
+    let at = |o: usize| u16::from_ne_bytes([page[o], page[o + 1]]) as usize;
+    at(std::mem::offset_of!(pg_sys::PageHeaderData, pd_lower))
+        == at(std::mem::offset_of!(pg_sys::PageHeaderData, pd_upper))
 }

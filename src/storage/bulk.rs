@@ -27,7 +27,7 @@ use super::layout::BLCKSZ;
 /// One page image in private memory, MAXALIGNed as the codec and
 /// PostgreSQL's page functions want.
 #[repr(C, align(8))]
-struct Image([u8; BLCKSZ]);
+pub(super) struct Image(pub(super) [u8; BLCKSZ]);
 
 /// InvalidSubTransactionId.
 const INVALID_SUBXACT: pg_sys::SubTransactionId = 0;
@@ -36,7 +36,7 @@ const INVALID_SUBXACT: pg_sys::SubTransactionId = 0;
 ///
 /// # Safety
 /// `rel` must be an open relation.
-unsafe fn relation_needs_wal(rel: pg_sys::Relation) -> bool {
+pub(super) unsafe fn relation_needs_wal(rel: pg_sys::Relation) -> bool {
     // SAFETY: an open relation's relcache entry has its pg_class row;
     // wal_level is a plain setting of this backend.
     unsafe {

@@ -15,7 +15,7 @@
 //!   IEEE half with `storage = 'f16'` (the layout's element).
 //!
 //! Values are in the machine's byte order, as in PostgreSQL's own pages.
-//! Page images are MAXALIGNed (shared and local buffers, GenericXLog's
+//! Page images are MAXALIGNed (shared and local buffers, a WAL record's
 //! copies), so the contents start 8-aligned and every list and vector, at a
 //! multiple of 4 bytes, is read in place.
 
@@ -225,7 +225,7 @@ impl<'a> PageMut<'a> {
     /// # Safety
     /// `page` must point at a MAXALIGNed BLCKSZ page image that no one else
     /// reads or writes while `'a` lasts (a buffer locked exclusively, or
-    /// GenericXLog's copy of one).
+    /// a WAL record's copy of one).
     pub unsafe fn new(page: pg_sys::Page) -> PageMut<'a> {
         // SAFETY: the page is BLCKSZ bytes this view alone uses for 'a (the
         // caller's contract).

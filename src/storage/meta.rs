@@ -274,7 +274,7 @@ impl Meta {
         // SAFETY: `rel` is an open index (the caller's contract), block 0 its
         // meta page. The page is read before the record registers it and
         // written only through the record's copy, so no view of the buffer
-        // lives across GenericXLogFinish.
+        // lives across Xlog::finish.
         unsafe {
             let b = Locked::read(rel, 0, true);
             let mut m = b.page().meta().checked(rel);

@@ -1,6 +1,6 @@
 //! The engine's storage traits over the index's buffers: the one search,
 //! insert and repair routine of the engine runs on PostgreSQL pages through
-//! this, under buffer locks and GenericXLog.
+//! this, under buffer locks and generic WAL records (`buffer::Xlog`).
 //!
 //! Lock order: a graph page may be held exclusively while vector pages are
 //! read (insert re-prunes a list under its lock); a vector page lock is never

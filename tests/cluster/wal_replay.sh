@@ -5,7 +5,8 @@
 # graph, DELETE + VACUUM (list repair, freed nodes) and inserts that reuse the
 # freed nodes; and a second index built beyond maintenance_work_mem (paged:
 # its graph pages written by the merge, then relinked through the buffers);
-# where pgvector is installed, a halfvec index too.
+# where pgvector is installed, a halfvec index too. Every page replayed is
+# compared with the primary's (wal_consistency_checking).
 #
 #   bash tests/cluster/wal_replay.sh      (after scripts/setup.sh)
 set -euo pipefail
@@ -17,7 +18,12 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib/crash.sh"
 fail() { echo "wal_replay: FAIL: $*" >&2; exit 1; }
 bindir=$(gg_pg_bindir)
 
-gg_cluster_start "wal_level = replica" "max_wal_senders = 4" "hot_standby = on" "fsync = on"
+# wal_consistency_checking: each record carries its pages' images as well,
+# and the replica and the recovery compare every page they replay with
+# them (a FATAL on the first byte that differs): the deltas the index
+# logs (storage::delta) are checked byte for byte, not just by answers
+gg_cluster_start "wal_level = replica" "max_wal_senders = 4" "hot_standby = on" "fsync = on" \
+  "wal_consistency_checking = 'generic'"
 primary_dir=$GG_CLUSTER_DIR
 primary=(-h "$PGHOST" -p "$PGPORT")
 q() { psql -X -q -v ON_ERROR_STOP=1 -At "$@"; }

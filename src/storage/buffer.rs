@@ -107,7 +107,8 @@ pub struct Xlog {
     /// a page's one changed list, when it fits the change log
     lists: [Option<ChangedList>; MAX_PAGES],
     /// the buffers registered, and a page's one changed row (its node),
-    /// which `finish` reads from the buffer for the change log
+    /// which `finish` reads from the buffer for the change log (as it
+    /// reads the meta page's contents, when the meta page is one)
     bufs: [pg_sys::Buffer; MAX_PAGES],
     rows: [Option<(u32, Layout)>; MAX_PAGES],
     /// each page's new image, and whether it is logged whole (a new page)
@@ -249,9 +250,12 @@ impl Xlog {
                 }
                 pg_sys::CritSectionCount -= 1;
             }
-            let rows: [Option<&[u8]>; MAX_PAGES] = std::array::from_fn(|i| {
-                let (node, layout) = self.rows[i].filter(|_| i < n)?;
-                Some(PageRef::new(page(i)).tuple_bytes(&layout, node))
+            // the row written, or the meta page's contents: a patch that
+            // finds all it needs in the change log reads no page
+            let rows: [Option<&[u8]>; MAX_PAGES] = std::array::from_fn(|i| match (i < n, self.pages[i].block) {
+                (false, _) => None,
+                (true, 0) => Some(PageRef::new(page(i)).meta_bytes()),
+                (true, _) => self.rows[i].map(|(node, layout)| PageRef::new(page(i)).tuple_bytes(&layout, node)),
             });
             crate::worker::note_changes(self.rel, &self.pages[..n], &self.lists[..n], &rows[..n]);
         }

@@ -187,11 +187,13 @@ impl<'a> PageRef<'a> {
 
     /// The meta page's contents (unchecked: see `Meta::read` for the check).
     pub fn meta(&self) -> Meta {
-        let bytes = &self.contents[..std::mem::size_of::<Meta>()];
-        // SAFETY: `bytes` holds size_of::<Meta>() readable bytes, and Meta is
-        // plain integers and floats (repr(C)), valid for any bit pattern;
-        // read_unaligned needs no alignment.
-        unsafe { std::ptr::read_unaligned(bytes.as_ptr() as *const Meta) }
+        meta_from(self.meta_bytes()).expect("a page holds a meta page's bytes")
+    }
+
+    /// The bytes of the meta page that hold its [`Meta`] (what the change
+    /// log carries of a change of the meta page).
+    pub fn meta_bytes(&self) -> &'a [u8] {
+        &self.contents[..std::mem::size_of::<Meta>()]
     }
 
     /// A node's list: all `degree` slots, those after its last neighbour
@@ -214,6 +216,16 @@ impl<'a> PageRef<'a> {
     pub fn tuple_bytes(&self, layout: &Layout, node: u32) -> &'a [u8] {
         &self.contents[tuple_range(layout, node)]
     }
+}
+
+/// The [`Meta`] in `bytes` (a meta page's [`PageRef::meta_bytes`]), unless
+/// they are of another length (unchecked otherwise: see `Meta::read`).
+pub fn meta_from(bytes: &[u8]) -> Option<Meta> {
+    // SAFETY: `bytes` holds size_of::<Meta>() readable bytes, and Meta is
+    // plain integers and floats (repr(C)), valid for any bit pattern;
+    // read_unaligned needs no alignment.
+    (bytes.len() == std::mem::size_of::<Meta>())
+        .then(|| unsafe { std::ptr::read_unaligned(bytes.as_ptr() as *const Meta) })
 }
 
 /// A page image, written.

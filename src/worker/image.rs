@@ -27,7 +27,7 @@ use pgrx::pg_sys;
 use super::changes::{Change, List, PageChange, Row, LIST_IN_LOG};
 use super::ring::Request;
 use super::stats::{add, counters};
-use crate::storage::codec::{PageRef, Tuple};
+use crate::storage::codec::{meta_from, PageRef, Tuple};
 use crate::storage::layout::{Element, Layout};
 use crate::storage::meta::{Meta, FORMAT_VERSION, MAGIC};
 
@@ -449,12 +449,14 @@ impl Target for GpuPatch {
 }
 
 /// What changed in an index since its copy last followed the change log:
-/// pages to read again, and lists and rows the log carries (node `lo`'s).
+/// pages to read again, and lists and rows the log carries (node `lo`'s),
+/// and the meta page's latest contents when the log carries them.
 #[derive(Default)]
 pub struct Changed {
     pub pages: Vec<PageChange>,
     pub lists: Vec<(PageChange, List)>,
     pub rows: Vec<(PageChange, Row)>,
+    pub meta: Option<Row>,
 }
 
 impl Changed {
@@ -462,21 +464,32 @@ impl Changed {
         self.pages.clear();
         self.lists.clear();
         self.rows.clear();
+        self.meta = None;
     }
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
-    /// Takes `c`: its list or row when it carries one, else its page.
+    /// Takes `c` (changes are taken in the log's order): its list or row
+    /// when it carries one, else its page; of the meta page (block 0) its
+    /// contents, the last ones taken being the latest (its changes are
+    /// noted under its lock), or its page when they were not carried.
     pub fn add(&mut self, c: &Change) {
+        if c.page.block == 0 {
+            self.meta = c.row.clone();
+            if self.meta.is_none() {
+                self.pages.push(c.page);
+            }
+            return;
+        }
         match (c.list, &c.row) {
             (Some(list), _) => self.lists.push((c.page, list)),
             (None, Some(row)) => self.rows.push((c.page, row.clone())),
             (None, None) => self.pages.push(c.page),
         }
     }
-    /// Pages, lists and rows to copy.
+    /// Pages, lists and rows to copy (the meta page's contents one more).
     pub fn len(&self) -> usize {
-        self.pages.len() + self.lists.len() + self.rows.len()
+        self.pages.len() + self.lists.len() + self.rows.len() + self.meta.is_some() as usize
     }
 }
 
@@ -531,10 +544,12 @@ fn pin_outliers(e: u32, list: &mut [u32], pinned: &[u32]) {
 /// carries (`changes.lists`, `changes.rows`: each node's last, unless its
 /// page is read), then each of `changes.pages` once, only the nodes of it
 /// that changed (read after every change noted in the log so far: the
-/// latest content). The index's generation
-/// now, or None when the copy cannot follow (the index locked by DDL,
-/// gone, or no longer the copy's layout): it is then refreshed whole when
-/// a request needs it.
+/// latest content). When the log carries all of it, the meta page's
+/// contents included (what an INSERT changes), nothing is read from the
+/// index's file: neither its locks nor the meta page, which every insert
+/// locks, are waited for. The index's generation now, or None when the
+/// copy cannot follow (the index locked by DDL, gone, or no longer the
+/// copy's layout): it is then refreshed whole when a request needs it.
 ///
 /// # Safety
 /// The worker's main thread, with a resource owner.
@@ -545,10 +560,77 @@ pub unsafe fn patch(
     changes: &mut Changed,
     lsns: &mut Vec<u64>,
 ) -> Option<u64> {
+    if let Some(m) = changes.meta.as_ref().and_then(|r| meta_from(r.bytes())) {
+        let l = begin(&m, target, changes)?;
+        if changes.pages.is_empty() {
+            from_log(&l, target, changes);
+            add(&counters().patches_from_log, 1);
+            return Some(end(&m, target));
+        }
+    }
     // SAFETY: the caller's contract.
     unsafe {
         with_file(key, file, |rnode, nblocks| patch_blocks(rnode, file.permanent, nblocks, target, changes, lsns))
     }
+}
+
+/// The checks that `m` (the meta page's contents) is an index `target`
+/// can follow, which then grows to its node count; lists and rows the log
+/// cannot give for its layout move to `changes.pages`. Its layout, or None
+/// when the copy cannot follow.
+fn begin(m: &Meta, target: &mut dyn Target, changes: &mut Changed) -> Option<Layout> {
+    let l = m.layout();
+    if m.magic != MAGIC
+        || m.version != FORMAT_VERSION
+        || m.inconsistent()
+        || l.stored_dim != target.stored_dim()
+        || l.degree != target.degree()
+        || (m.node_count as usize) < target.len()
+    {
+        return None;
+    }
+    target.grow(m.node_count as usize, m.entry());
+    if l.degree > LIST_IN_LOG {
+        // (never carried for such an index: read their pages)
+        changes.pages.extend(changes.lists.drain(..).map(|(c, _)| c));
+    }
+    // rows of another size than the layout's (never written so): read
+    // from their pages
+    let pages = &mut changes.pages;
+    changes.rows.retain(|(c, row)| {
+        let fits = row.bytes().len() == l.vector_size();
+        if !fits {
+            pages.push(*c);
+        }
+        fits
+    });
+    Some(l)
+}
+
+/// Copies the lists and rows the log carried, each node's last, none of a
+/// node whose page is read (`changes.pages`, merged here).
+fn from_log(l: &Layout, target: &mut dyn Target, changes: &mut Changed) {
+    PageChange::merged(&mut changes.pages);
+    latest(&mut changes.lists, &changes.pages);
+    latest(&mut changes.rows, &changes.pages);
+    let (n, degree) = (target.len(), l.degree);
+    for (c, list) in changes.lists.iter().filter(|(c, _)| (c.lo as usize) < n) {
+        target.list(c.lo as usize, &list[..degree]);
+    }
+    // rows as their pages held them, decoded as a page's are
+    let mut logged = 0;
+    for (c, row) in changes.rows.iter().filter(|(c, _)| (c.lo as usize) < n) {
+        copy_row(target, c.lo as usize, Tuple::decode(row.bytes(), l.element));
+        logged += 1;
+    }
+    add(&counters().patched_rows_from_log, logged);
+}
+
+/// The pinned outliers of `m` into the target; `m`'s generation.
+fn end(m: &Meta, target: &mut dyn Target) -> u64 {
+    let pinned: Vec<u32> = m.pinned().collect();
+    target.pin(&pinned);
+    m.generation
 }
 
 /// Calls `f` with the index's file open and locked (session locks as a
@@ -577,7 +659,7 @@ unsafe fn with_file<T>(key: Key, file: File, f: impl FnOnce(pg_sys::RelFileNode,
     }
 }
 
-/// [`patch`] once the file is open and locked.
+/// [`patch`] once the file is open and locked: the meta page read from it.
 ///
 /// # Safety
 /// As for [`patch`], the file locked and `nblocks` long.
@@ -592,44 +674,8 @@ unsafe fn patch_blocks(
     let strategy = std::ptr::null_mut();
     // SAFETY: the caller's contract; block 0 exists (nblocks > 0).
     let m: Meta = unsafe { read_block(rnode, permanent, strategy, 0, |p, _| p.meta()) };
-    let l = m.layout();
-    if m.magic != MAGIC
-        || m.version != FORMAT_VERSION
-        || m.inconsistent()
-        || l.stored_dim != target.stored_dim()
-        || l.degree != target.degree()
-        || (m.node_count as usize) < target.len()
-    {
-        return None;
-    }
-    target.grow(m.node_count as usize, m.entry());
-    let (n, degree) = (target.len(), l.degree);
-    if degree > LIST_IN_LOG {
-        // (never carried for such an index: read their pages)
-        changes.pages.extend(changes.lists.drain(..).map(|(c, _)| c));
-    }
-    // rows of another size than the layout's (never written so): read
-    // from their pages
-    let pages = &mut changes.pages;
-    changes.rows.retain(|(c, row)| {
-        let fits = row.bytes().len() == l.vector_size();
-        if !fits {
-            pages.push(*c);
-        }
-        fits
-    });
-    PageChange::merged(&mut changes.pages);
-    latest(&mut changes.lists, &changes.pages);
-    latest(&mut changes.rows, &changes.pages);
-    for (c, list) in changes.lists.iter().filter(|(c, _)| (c.lo as usize) < n) {
-        target.list(c.lo as usize, &list[..degree]);
-    }
-    // rows as their pages held them, decoded as a page's are
-    let mut logged = 0;
-    for (c, row) in changes.rows.iter().filter(|(c, _)| (c.lo as usize) < n) {
-        copy_row(target, c.lo as usize, Tuple::decode(row.bytes(), l.element));
-        logged += 1;
-    }
+    let l = begin(&m, target, changes)?;
+    from_log(&l, target, changes);
     let mut read = 0;
     for &c in changes.pages.iter().filter(|c| c.block > 0 && c.block < nblocks) {
         // SAFETY: the caller's contract; the block exists.
@@ -641,11 +687,8 @@ unsafe fn patch_blocks(
             note_lsn(lsns, c.block, lsn);
         }
     }
-    add(&counters().patched_rows_from_log, logged);
     add(&counters().patched_rows_from_pages, read as u64);
-    let pinned: Vec<u32> = m.pinned().collect();
-    target.pin(&pinned);
-    Some(m.generation)
+    Some(end(&m, target))
 }
 
 /// Keeps of the lists or rows the log carried (in the order written) each

@@ -55,6 +55,9 @@ pub struct Counters {
     /// them, and read from their pages
     pub patched_rows_from_log: AtomicU64,
     pub patched_rows_from_pages: AtomicU64,
+    /// patches that read no page of their index (the log carried every
+    /// change, the meta page's included)
+    pub patches_from_log: AtomicU64,
     /// copies brought up to date in place after an overflow (pages whose
     /// LSN moved read again), and the pages read
     pub resyncs: AtomicU64,
@@ -103,6 +106,7 @@ impl Counters {
             log_overflows: AtomicU64::new(0),
             patched_rows_from_log: AtomicU64::new(0),
             patched_rows_from_pages: AtomicU64::new(0),
+            patches_from_log: AtomicU64::new(0),
             resyncs: AtomicU64::new(0),
             resynced_pages: AtomicU64::new(0),
             patch_us: AtomicU64::new(0),
@@ -339,6 +343,8 @@ struct Residency {
     /// rows patched in: as the change log carried them, read from pages
     patched_rows_from_log: u64,
     patched_rows_from_pages: u64,
+    /// patches that read no page (the log carried all they needed)
+    patches_from_log: u64,
     /// copies read again in place after an overflow, and the pages read
     resyncs: u64,
     resynced_pages: u64,
@@ -397,6 +403,7 @@ fn gpu_graph_worker_stats() -> JsonB {
             log_overflows: get(&c.log_overflows),
             patched_rows_from_log: get(&c.patched_rows_from_log),
             patched_rows_from_pages: get(&c.patched_rows_from_pages),
+            patches_from_log: get(&c.patches_from_log),
             resyncs: get(&c.resyncs),
             resynced_pages: get(&c.resynced_pages),
             patch_ms: get(&c.patch_us) as f64 / 1000.0,

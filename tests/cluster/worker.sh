@@ -278,6 +278,7 @@ before=$(stat scans,worker)
 stale=$(stat fallbacks,stale)
 patched=$(stat residency,patched_pages)
 rows_logged=$(stat residency,patched_rows_from_log); rows_read=$(stat residency,patched_rows_from_pages)
+from_log=$(stat residency,patches_from_log)
 ins_worker=$(stat inserts,worker); ins_cpu=$(stat inserts,cpu)
 pgbench -n -T 10 -c 6 -j 2 -f "$work/insert.sql@2" -f "$work/items.sql@6" -f "$work/delete.sql@1" postgres \
   >"$work/pgbench2.log" 2>&1 &
@@ -294,6 +295,10 @@ rows_logged=$(($(stat residency,patched_rows_from_log) - rows_logged))
 rows_read=$(($(stat residency,patched_rows_from_pages) - rows_read))
 echo "  rows patched into its copy from the change log: $rows_logged; read from their pages: $rows_read"
 [ "$rows_logged" -gt 0 ] || fail "no row came to the worker's copy with the change log ($rows_read read from pages)"
+# and a patch of inserts alone reads no page: the log carries the meta page too
+from_log=$(($(stat residency,patches_from_log) - from_log))
+echo "  patches that read no page of the index: $from_log"
+[ "$from_log" -gt 0 ] || fail "every patch read pages of the index (none came from the change log alone)"
 # each inserted row's neighbour search is the worker's too
 ins_worker=$(($(stat inserts,worker) - ins_worker)); ins_cpu=$(($(stat inserts,cpu) - ins_cpu))
 echo "  inserted rows whose neighbours the worker found: $ins_worker; searched on the CPU: $ins_cpu"

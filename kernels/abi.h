@@ -161,6 +161,15 @@ struct IndexDesc {
     u32 pad1;
 };
 
+// One copy of a patch to a resident index (Registry::patch), applied by
+// apply_patch: `len` bytes from byte `src` of the patch's inbox to device
+// address `dst`.
+struct PatchCopy {
+    u64 dst;
+    u32 src;
+    u32 len;
+};
+
 // A query slot's request in device memory: this header, then qwords floats.
 struct RequestHead {
     u32 cmd;    // the slot word of this query (written last by the host copy)

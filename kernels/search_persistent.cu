@@ -829,3 +829,27 @@ extern "C" __global__ void __launch_bounds__(32, GG_BATCH_MIN_BLOCKS)
         __syncwarp();
     }
 }
+
+// A patch's copies to a resident index (Registry::patch, registry.rs), in
+// one launch: the driver's batched copy took ~1 us for each of a patch's
+// scattered lists (an insert changes ~35), on the thread that also takes
+// the worker's queries. `n` PatchCopy at byte `at` of the inbox, one warp a
+// copy. Launched beside the persistent kernel only where the batch kernel
+// may be (its single-warp blocks, fewer registers: they fit where one of
+// the persistent kernel's would).
+extern "C" __global__ void __launch_bounds__(32) apply_patch(const u8* __restrict__ inbox, u32 at, u32 n) {
+    const PatchCopy* copies = (const PatchCopy*)(inbox + at);
+    const u32 lane = threadIdx.x;
+    for (u32 i = blockIdx.x; i < n; i += gridDim.x) {
+        const PatchCopy c = copies[i];
+        const u8* src = inbox + c.src;
+        u8* dst = (u8*)c.dst;
+        if (((c.dst | c.src | c.len) & 3u) == 0) {
+            // whole 4-byte words: a query reading a list meanwhile sees each
+            // id old or new, never half of one
+            for (u32 w = lane; w < c.len / 4; w += 32) ((u32*)dst)[w] = ((const u32*)src)[w];
+        } else {
+            for (u32 b = lane; b < c.len; b += 32) dst[b] = src[b];
+        }
+    }
+}

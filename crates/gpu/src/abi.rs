@@ -133,6 +133,14 @@ abi_structs! {
         pub pad1: u32,
     }
 
+    /// One copy of a patch to a resident index (`apply_patch`): `len`
+    /// bytes from byte `src` of the patch's inbox to device address `dst`.
+    pub struct PatchCopy {
+        pub dst: u64,
+        pub src: u32,
+        pub len: u32,
+    }
+
     /// A query slot's request header; `qwords` floats of the query follow.
     pub struct RequestHead {
         pub cmd: u32,

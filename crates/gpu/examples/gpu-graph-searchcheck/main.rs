@@ -29,6 +29,7 @@ mod batch;
 mod common;
 mod extras;
 mod fault;
+mod patches;
 mod sim;
 mod throughput;
 
@@ -89,6 +90,9 @@ struct Opts {
     /// Only the CPU model of the kernel.
     #[arg(long)]
     sim: bool,
+    /// Only what patches of a resident copy cost (measured, not checked).
+    #[arg(long)]
+    patch_costs: bool,
     /// (internal) the process started after a fault.
     #[arg(long, hide = true)]
     child_after_fault: bool,
@@ -383,6 +387,11 @@ fn main() {
     let free0 = gpu.mem_info().map(|m| m.0).unwrap_or(0);
     let server = start_server(&gpu, &o, pol);
     let id = load(&server, &ix.l2, "l2");
+    if o.patch_costs {
+        patches::costs(&server, id, &ix.l2, &ix.l2_queries);
+        shutdown(&gpu, server, free0, &mut verdict);
+        return;
+    }
     let ip_id = load(&server, &ix.ip, "inner product");
     check_pass(&server, id, &ix, &data, &o.efs, &cpu, &mut verdict);
     let variant_threads =

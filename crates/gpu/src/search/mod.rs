@@ -13,7 +13,7 @@
 //! The parts: [`plan`] (configuration, query plans, the server's sizes),
 //! [`launch`] (the kernel and its one parameter struct, abi.h's
 //! SearchParams), [`slots`] (the slot protocol), [`registry`] (the resident
-//! indexes), [`health`] (closed or poisoned), [`server`] (the facade),
+//! indexes; [`scatter`]: a patch's copies applied by a kernel), [`health`] (closed or poisoned), [`server`] (the facade),
 //! [`merge`] (the host's merge of the CTAs' lists) and [`sim`] (a CPU model
 //! of one query of the kernel).
 //!
@@ -91,6 +91,7 @@ mod launch;
 pub mod merge;
 pub mod plan;
 mod registry;
+mod scatter;
 pub mod server;
 pub mod sim;
 mod slots;

@@ -16,6 +16,7 @@ use parking_lot::{Mutex, RwLock};
 use rayon::prelude::*;
 
 use super::plan::{HalfRows, Sizing};
+use super::scatter::{Scatter, SCATTER_MIN};
 use super::server::SearchError;
 use crate::abi::{self, IndexDesc};
 use crate::error::{cuda, GpuError};
@@ -167,6 +168,9 @@ pub(crate) struct Registry {
     /// kernel starts (freeing or pinning host memory while it runs may wait
     /// for the device, which the persistent kernel never leaves idle)
     staging: Mutex<Pinned>,
+    /// applies a patch's copies on the device where the kernel may run
+    /// beside the persistent one (else the driver's batched copy)
+    scatter: Option<Scatter>,
     /// recorded after each patch's copies, which queries submitted after
     /// the patch wait for on their own streams (the worker never waits for
     /// a patch to land); how many patches were recorded
@@ -179,7 +183,13 @@ pub(crate) struct Registry {
 }
 
 impl Registry {
-    pub fn new(z: &Sizing, max_dim: usize, half: HalfRows, mgmt: Arc<CudaStream>) -> Result<Registry, GpuError> {
+    pub fn new(
+        z: &Sizing,
+        max_dim: usize,
+        half: HalfRows,
+        mgmt: Arc<CudaStream>,
+        scatter: Option<Scatter>,
+    ) -> Result<Registry, GpuError> {
         let table = zeroed(&mgmt, z.max_indexes * size_of::<IndexDesc>(), "the index table")?;
         let mgmt_ctx = &mgmt.context().clone();
         Ok(Registry {
@@ -187,6 +197,7 @@ impl Registry {
             table,
             mgmt: Mutex::new(mgmt),
             staging: Mutex::new(Pinned::new(mgmt_ctx, PATCH_STAGING, false, "the patch staging")?),
+            scatter,
             patched: mgmt_ctx.new_event(None).map_err(|e| cuda("creating an event", e))?,
             patch_epoch: AtomicU64::new(0),
             next_gen: AtomicU32::new(1),
@@ -448,7 +459,7 @@ impl Registry {
         // as a rule)
         self.patched.synchronize().map_err(|e| SearchError::from(cuda("patching an index", e)))?;
         // rows, flags, lists, the table entry: one batch (see above)
-        let mut up = Upload::new(&mgmt, &staging);
+        let mut up = Upload::new(&mgmt, &staging, self.scatter.as_ref());
         let rb = res.fmt.row_bytes();
         for ((first, flags, _), rows) in p.rows.iter().zip(&rows) {
             let at = device_addr(&res.vectors) + (*first as usize * rb) as u64;
@@ -566,12 +577,14 @@ impl Registry {
     }
 }
 
-/// Bytes of pinned memory a patch goes through; larger patches wait for
-/// one part's copies before they fill the next.
-const PATCH_STAGING: usize = 4 << 20;
+/// Bytes of pinned memory a patch goes through (and of the device inbox
+/// it is copied to for [`Scatter`]); larger patches wait for one part's
+/// copies before they fill the next.
+pub(crate) const PATCH_STAGING: usize = 4 << 20;
 
 /// A patch's copies to the device: packed into the pinned staging buffer,
-/// each one DMA copy on the management stream (a pageable copy costs a
+/// then scattered by the patch kernel from one copy of the whole ([`Scatter`])
+/// or each one DMA copy on the management stream (a pageable copy costs a
 /// staging copy and a wait of its own: tens of microseconds per page); a
 /// wait only when the buffer is full, the last part issued unwaited (the
 /// patch's event orders the queries after it).
@@ -580,16 +593,22 @@ struct Upload<'a> {
     buf: &'a Pinned,
     used: usize,
     copies: Vec<(u64, std::ops::Range<usize>)>,
+    scatter: Option<&'a Scatter>,
 }
 
 impl<'a> Upload<'a> {
-    fn new(stream: &'a Arc<CudaStream>, buf: &'a Pinned) -> Upload<'a> {
-        Upload { stream, buf, used: 0, copies: Vec::new() }
+    fn new(stream: &'a Arc<CudaStream>, buf: &'a Pinned, scatter: Option<&'a Scatter>) -> Upload<'a> {
+        Upload { stream, buf, used: 0, copies: Vec::new(), scatter }
+    }
+
+    /// Room the table of `n` copies takes after the data ([`Scatter`]).
+    fn table(&self, n: usize) -> usize {
+        self.scatter.map_or(0, |_| Scatter::table_bytes(n))
     }
 
     /// Copies `len` bytes, written by `fill`, to device address `at`.
     fn put(&mut self, at: u64, len: usize, fill: impl FnOnce(&mut [u8])) -> Result<(), SearchError> {
-        if len > self.buf.len() {
+        if len + self.table(1) > self.buf.len() {
             // larger than the whole buffer: a pageable copy of its own
             let mut bytes = vec![0u8; len];
             fill(&mut bytes);
@@ -600,7 +619,7 @@ impl<'a> Upload<'a> {
                 .map_err(|e| SearchError::from(cuda("patching an index", e)))?;
             return self.flush();
         }
-        if self.used + len > self.buf.len() {
+        if self.used + len + self.table(self.copies.len() + 1) > self.buf.len() {
             self.flush()?;
         }
         // SAFETY: bytes used..used + len of the pinned buffer, which only
@@ -619,9 +638,22 @@ impl<'a> Upload<'a> {
         self.stream.synchronize().map_err(|e| SearchError::from(cuda("patching an index", e)))
     }
 
-    /// Issues the copies gathered, without waiting: one batch (a driver
-    /// call) where the driver takes batches, else a call a copy.
+    /// Issues the copies gathered, without waiting: the patch kernel's one
+    /// launch for many, else one batch (a driver call) where the driver
+    /// takes batches, else a call a copy.
     fn issue(&mut self) -> Result<(), SearchError> {
+        let fail = |e| SearchError::from(cuda("patching an index", e));
+        if let Some(s) = self.scatter.filter(|_| self.copies.len() >= SCATTER_MIN) {
+            // SAFETY: destinations inside the index's arrays or its table
+            // entry (the caller's checks), which outlive the stream's work;
+            // `put` left room for the table; the buffer is not written
+            // again before the stream has passed it (the staging lock,
+            // `flush`, and the next patch's wait for this one's event); the
+            // inbox is used on the management stream alone.
+            let r = unsafe { s.apply(self.stream, self.buf, self.used, &self.copies) };
+            self.copies.clear();
+            return r.map_err(fail);
+        }
         let copies: Vec<(u64, *const u8, usize)> =
             // SAFETY: ranges of the pinned buffer filled by `put`.
             self.copies.drain(..).map(|(at, r)| (at, unsafe { self.buf.ptr().add(r.start) } as *const u8, r.len())).collect();
@@ -629,7 +661,7 @@ impl<'a> Upload<'a> {
         // (the caller's checks); the sources stay untouched until the stream
         // has passed them (the staging lock, `flush`, and the next patch's
         // wait for this one's event).
-        unsafe { memcpy_htod_many(self.stream, &copies) }.map_err(|e| SearchError::from(cuda("patching an index", e)))
+        unsafe { memcpy_htod_many(self.stream, &copies) }.map_err(fail)
     }
 }
 

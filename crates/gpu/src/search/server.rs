@@ -15,7 +15,8 @@ use super::batch::{BatchAnswers, BatchKernel, BatchTicket};
 use super::health::Health;
 use super::launch::Kernel;
 use super::plan::{QueryPlan, SearchPolicy, ServerConfig, Sizing, BATCH_ROOM_PER_SM};
-use super::registry::{Patch, Registry, ResidentId, ResidentInfo};
+use super::registry::{Patch, Registry, ResidentId, ResidentInfo, PATCH_STAGING};
+use super::scatter::Scatter;
 use super::slots::{Answer, Slots};
 use crate::abi::{self, SearchParams};
 use crate::device::Gpu;
@@ -187,11 +188,17 @@ impl SearchServer {
             } else {
                 0
             };
-            let batch_bytes = BatchKernel::device_bytes(batch_blocks, z.visited_log2);
+            // the patch kernel's single-warp blocks fit where the batch
+            // kernel's do (GPU_GRAPH_PATCH_SCATTER=0: the driver's batched
+            // copies instead, a developer's switch for comparing the two)
+            let scatter = batch_blocks > 0 && std::env::var("GPU_GRAPH_PATCH_SCATTER").map_or(true, |v| v != "0");
+            let batch_bytes =
+                BatchKernel::device_bytes(batch_blocks, z.visited_log2) + if scatter { PATCH_STAGING } else { 0 };
             gpu.reserve(z.device_bytes() + batch_bytes, "the GPU search server")?;
             let mgmt = gpu.ctx.new_stream().map_err(|e| cuda("creating a stream", e))?;
             let slots = Slots::new(&gpu.ctx, &z, &mgmt)?;
-            let registry = Registry::new(&z, cfg.max_dim, cfg.half_rows, mgmt)?;
+            let scatter = if scatter { Some(Scatter::new(&kernel.module, &mgmt, PATCH_STAGING)?) } else { None };
+            let registry = Registry::new(&z, cfg.max_dim, cfg.half_rows, mgmt, scatter)?;
             let batch = BatchKernel::new(
                 gpu,
                 &kernel.module,

@@ -844,9 +844,13 @@ extern "C" __global__ void __launch_bounds__(32) apply_patch(const u8* __restric
         const PatchCopy c = copies[i];
         const u8* src = inbox + c.src;
         u8* dst = (u8*)c.dst;
-        if (((c.dst | c.src | c.len) & 3u) == 0) {
-            // whole 4-byte words: a query reading a list meanwhile sees each
-            // id old or new, never half of one
+        // aligned words (the host aligns every copy's bytes to 16): a query
+        // reading a list meanwhile sees each id old or new, never half of
+        // one; bytes only for a run of flags
+        const u64 align = c.dst | c.src | c.len;
+        if ((align & 15u) == 0) {
+            for (u32 w = lane; w < c.len / 16; w += 32) ((uint4*)dst)[w] = ((const uint4*)src)[w];
+        } else if ((align & 3u) == 0) {
             for (u32 w = lane; w < c.len / 4; w += 32) ((u32*)dst)[w] = ((const u32*)src)[w];
         } else {
             for (u32 b = lane; b < c.len; b += 32) dst[b] = src[b];

@@ -619,6 +619,10 @@ impl<'a> Upload<'a> {
                 .map_err(|e| SearchError::from(cuda("patching an index", e)))?;
             return self.flush();
         }
+        // each copy's bytes 16-aligned: the patch kernel copies aligned
+        // words, whole ids of a list among them (bytes only where the
+        // copy itself is a row of flags)
+        self.used = self.used.next_multiple_of(16);
         if self.used + len + self.table(self.copies.len() + 1) > self.buf.len() {
             self.flush()?;
         }

@@ -273,7 +273,11 @@ impl Worker {
             if self.segment.as_ref().is_some_and(|(_, since)| since.elapsed() > SEGMENT_KEEP) {
                 self.segment = None;
             }
+            let t = Instant::now();
             let took = self.take_requests()?;
+            if took {
+                add(&c.take_ns, t.elapsed().as_nanos() as u64);
+            }
             if !took {
                 // idle: the copies take every page written so far, even of
                 // inserts in progress, so that the request that needs them
@@ -285,7 +289,11 @@ impl Worker {
                 // SAFETY: the worker's main thread, with a resource owner.
                 unsafe { self.residency.sync(&self.device, self.shared)? };
             }
+            let (t, answered_before) = (Instant::now(), c.answered.load(Ordering::Relaxed));
             let on_device = self.progress()?;
+            if c.answered.load(Ordering::Relaxed) != answered_before {
+                add(&c.progress_ns, t.elapsed().as_nanos() as u64);
+            }
             // SAFETY: the worker lives on the process's main thread
             // (gpu_graph_worker_main), which has a resource owner.
             let loading = unsafe { self.residency.step(&self.device, self.limit(), self.shared)? };
@@ -487,7 +495,9 @@ impl Worker {
         reply.answered_at = unsafe { pg_sys::GetCurrentTimestamp() };
         add(&c.answered, 1);
         if slot.answer(f.seq) {
+            let t = Instant::now();
             set_latch(procno);
+            add(&c.wake_ns, t.elapsed().as_nanos() as u64);
         }
     }
 }

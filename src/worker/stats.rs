@@ -42,6 +42,12 @@ pub struct Counters {
     /// thread is (its spinning while searches are on the device, and its
     /// sleep, left out)
     pub work_ns: AtomicU64,
+    /// of that: taking requests and starting their searches (patches
+    /// included), polling the device and answering, and of the answers
+    /// the wake-ups (SetLatch: a signal to a backend asleep on its latch)
+    pub take_ns: AtomicU64,
+    pub progress_ns: AtomicU64,
+    pub wake_ns: AtomicU64,
     /// copies made and dropped
     pub loads: AtomicU64,
     pub load_us: AtomicU64,
@@ -98,6 +104,9 @@ impl Counters {
             answered: AtomicU64::new(0),
             searched: AtomicU64::new(0),
             work_ns: AtomicU64::new(0),
+            take_ns: AtomicU64::new(0),
+            progress_ns: AtomicU64::new(0),
+            wake_ns: AtomicU64::new(0),
             loads: AtomicU64::new(0),
             load_us: AtomicU64::new(0),
             evictions: AtomicU64::new(0),
@@ -311,6 +320,11 @@ struct Requests {
     mean_roundtrip_us: Option<f64>,
     /// the worker's thread busy taking, answering, patching and loading
     work_ms: f64,
+    /// of which taking and starting requests (patches included), polling
+    /// and answering, and waking the backends answered
+    take_ms: f64,
+    progress_ms: f64,
+    wake_ms: f64,
 }
 
 #[derive(Serialize)]
@@ -393,6 +407,9 @@ fn gpu_graph_worker_stats() -> JsonB {
             mean_search_us: mean_of(&c.latency.search),
             mean_roundtrip_us: mean_of(&c.latency.roundtrip),
             work_ms: get(&c.work_ns) as f64 / 1e6,
+            take_ms: get(&c.take_ns) as f64 / 1e6,
+            progress_ms: get(&c.progress_ns) as f64 / 1e6,
+            wake_ms: get(&c.wake_ns) as f64 / 1e6,
         },
         residency: Residency {
             loads,

@@ -16,7 +16,8 @@
 # patch, syncs over 10 ms, the worker's CPU (spinning included), its
 # thread's busy share (work%: taking, answering, patching), the machine's CPU, what the
 # worker waits on (sampled, in waits.txt), the share of inserted rows
-# whose neighbour search the worker did (ins_w%); recall@10 of worker and CPU
+# whose neighbour search the worker did (ins_w%), the worker thread's time
+# per request answered, by part (in thread.txt); recall@10 of worker and CPU
 # scans during the writes (queries 500-999; new rows are jittered queries
 # 0-499, so the ground truth of the probed queries holds). Then rows inserted are found
 # through the worker right after their commit, and deleted rows are never
@@ -29,8 +30,8 @@
 # Fails (after every mode has run) when a mode's scans (but max's) were
 # served by the worker less than 95% of the time, recall through the
 # worker is more than 0.01 below the CPU's, a fresh row is not found
-# through it, or a deleted row comes back. Writes only writes.txt and
-# waits.txt to OUT (the device tool brings few files back).
+# through it, or a deleted row comes back. Writes only writes.txt,
+# thread.txt and waits.txt to OUT (the device tool brings few files back).
 set -euo pipefail
 dir=${1:-/tmp/sift}
 out=${OUT:-/tmp/gpu-test}
@@ -126,7 +127,8 @@ for c in ${CLIENTS:-64}; do
     o0=$(stats residency,log_overflows); t0=$(stats residency,patch_ms); pid=$(stats worker,pid)
     iw0=$(stats inserts,worker); ic0=$(stats inserts,cpu)
     f0=$(fallbacks); n0=$(stats residency,patches); r0=$(stats residency,patch_read_ms); l0=$(stats residency,slow_syncs)
-    k0=$(stats requests,work_ms)
+    k0=$(stats requests,work_ms); a0=$(stats requests,answered)
+    tk0=$(stats requests,take_ms); pr0=$(stats requests,progress_ms); wk0=$(stats requests,wake_ms)
     c0=$(proc_cpu "$pid"); read -r b0 a0 < <(busy)
     writers=(); vacuums=0
     case $mode in
@@ -176,6 +178,14 @@ for c in ${CLIENTS:-64}; do
     if [ "$mode" != 0 ]; then rg=$(recall $w/probe_gpu); rc=$(recall $w/probe_cpu); fi
     printf "$fmt" "$c" "$mode" "$tps" "$wtps" "$p99" "$wlat" "$served" "$stale" "$fb" $(($(stats residency,patched_pages) - p0)) \
       "$patch" "$read_pct" "$per" "$slow" "$wcpu" "$work" "$cpu" "$vacuums" "$rg" "$rc" "$insw" | tee -a "$out/writes.txt"
+    # the worker's thread per request answered: busy, taking and starting
+    # (patches included), polling and answering, of which waking backends
+    awk -v n="$name" -v a="$(($(stats requests,answered) - a0))" -v w="$(stats requests,work_ms)" -v w0="$k0" \
+      -v t="$(stats requests,take_ms)" -v t0="$tk0" -v p="$(stats requests,progress_ms)" -v p0="$pr0" \
+      -v k="$(stats requests,wake_ms)" -v k0="$wk0" 'BEGIN {
+        u = a ? 1000 / a : 0
+        printf "%s: the worker thread per request answered (us): busy %.2f, taking %.2f, answering %.2f, of which waking %.2f (%d answered)\n",
+          n, (w - w0) * u, (t - t0) * u, (p - p0) * u, (k - k0) * u, a }' | tee -a "$out/thread.txt"
     [ $(($(stats residency,log_overflows) - o0)) = 0 ] || echo "  $name: the change log overflowed $(($(stats residency,log_overflows) - o0)) times"
     # `max` measures where the index's inserts top out, not a rate the
     # worker is held to

@@ -127,7 +127,7 @@ for c in ${CLIENTS:-64}; do
     o0=$(stats residency,log_overflows); t0=$(stats residency,patch_ms); pid=$(stats worker,pid)
     iw0=$(stats inserts,worker); ic0=$(stats inserts,cpu)
     f0=$(fallbacks); n0=$(stats residency,patches); r0=$(stats residency,patch_read_ms); l0=$(stats residency,slow_syncs)
-    k0=$(stats requests,work_ms); a0=$(stats requests,answered)
+    k0=$(stats requests,work_ms); ans0=$(stats requests,answered)
     tk0=$(stats requests,take_ms); pr0=$(stats requests,progress_ms); wk0=$(stats requests,wake_ms)
     c0=$(proc_cpu "$pid"); read -r b0 a0 < <(busy)
     writers=(); vacuums=0
@@ -180,7 +180,7 @@ for c in ${CLIENTS:-64}; do
       "$patch" "$read_pct" "$per" "$slow" "$wcpu" "$work" "$cpu" "$vacuums" "$rg" "$rc" "$insw" | tee -a "$out/writes.txt"
     # the worker's thread per request answered: busy, taking and starting
     # (patches included), polling and answering, of which waking backends
-    awk -v n="$name" -v a="$(($(stats requests,answered) - a0))" -v w="$(stats requests,work_ms)" -v w0="$k0" \
+    awk -v n="$name" -v a="$(($(stats requests,answered) - ans0))" -v w="$(stats requests,work_ms)" -v w0="$k0" \
       -v t="$(stats requests,take_ms)" -v t0="$tk0" -v p="$(stats requests,progress_ms)" -v p0="$pr0" \
       -v k="$(stats requests,wake_ms)" -v k0="$wk0" 'BEGIN {
         u = a ? 1000 / a : 0

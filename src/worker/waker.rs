@@ -7,24 +7,35 @@
 //! thread, the one thread that takes, starts and answers every query
 //! (`requests.wake_ms` in gpu_graph_worker_stats()). The main thread now
 //! only queues the backend's PGPROC number; this thread sets the latches.
-//! It spins while answers come and parks after a quiet spell; the main
-//! thread unparks it (a futex call) only for the first answer after one.
+//! It spins while answers come (yielding its core now and then) and parks
+//! after a quiet spell; the main thread unparks it (a futex call) only for
+//! the first answer after one.
 //!
 //! The thread never calls into PostgreSQL (pgrx allows that only on the
 //! main thread): it sets a latch as latch.c's SetLatch does for another
 //! process's latch, and blocks every signal (the process's signals are the
 //! main thread's to handle).
 
-use std::sync::atomic::{fence, AtomicBool, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicI32, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::thread::Thread;
 use std::time::{Duration, Instant};
 
-use parking_lot::Mutex;
 use pgrx::pg_sys;
 
+/// Procnos the ring holds; an answer that finds it full wakes its backend
+/// on the main thread.
+const RING: usize = 4096;
+
+/// A ring of PGPROC numbers from the main thread (the one producer) to the
+/// waker thread (the one consumer): no lock, and while it is empty the
+/// waker's spin only reads `tail`, so the main thread's cache lines stay
+/// its own (a mutex both threads took cut the main thread's rate).
 struct Waker {
-    queue: Mutex<Vec<i32>>,
+    slots: Box<[AtomicI32]>,
+    /// entries ever pushed (the producer's) and taken (the consumer's)
+    tail: AtomicUsize,
+    head: AtomicUsize,
     parked: AtomicBool,
     thread: Thread,
 }
@@ -44,9 +55,8 @@ struct Procs {
 unsafe impl Send for Procs {}
 
 /// How long the thread spins for more answers before it parks, on a GPU
-/// (whose answers come every few microseconds under load; the main thread
-/// spins as long between them).
-pub const GPU_SPIN: Duration = Duration::from_micros(200);
+/// (whose answers come every few microseconds under load).
+pub const GPU_SPIN: Duration = Duration::from_micros(50);
 
 /// Starts the thread (the worker's main thread, once), spinning `spin`
 /// after each answer.
@@ -72,7 +82,9 @@ pub fn start(spin: Duration) {
     match spawned {
         Ok(handle) => {
             let w = Arc::new(Waker {
-                queue: Mutex::new(Vec::new()),
+                slots: (0..RING).map(|_| AtomicI32::new(-1)).collect(),
+                tail: AtomicUsize::new(0),
+                head: AtomicUsize::new(0),
                 parked: AtomicBool::new(false),
                 thread: handle.thread().clone(),
             });
@@ -84,10 +96,16 @@ pub fn start(spin: Duration) {
 }
 
 /// Wakes the process with PGPROC number `procno`: queued for the thread,
-/// or at once where there is none.
+/// or at once where there is none (or its ring is full). The worker's main
+/// thread alone calls this (the ring's one producer).
 pub fn wake(procno: i32) {
     let Some(w) = WAKER.get() else { return super::set_latch(procno) };
-    w.queue.lock().push(procno);
+    let tail = w.tail.load(Ordering::Relaxed);
+    if tail - w.head.load(Ordering::Acquire) == RING {
+        return super::set_latch(procno);
+    }
+    w.slots[tail % RING].store(procno, Ordering::Relaxed);
+    w.tail.store(tail + 1, Ordering::Release);
     // (pairs with the thread's fence between `parked` and its last look)
     fence(Ordering::SeqCst);
     if w.parked.load(Ordering::Relaxed) {
@@ -96,32 +114,41 @@ pub fn wake(procno: i32) {
 }
 
 fn run(w: &Waker, procs: Procs, spin: Duration) -> ! {
-    let mut batch = Vec::new();
     let mut last = Instant::now();
+    let mut idle = 0u32;
     loop {
-        std::mem::swap(&mut *w.queue.lock(), &mut batch);
-        if !batch.is_empty() {
-            for p in batch.drain(..) {
+        let (head, tail) = (w.head.load(Ordering::Relaxed), w.tail.load(Ordering::Acquire));
+        if head != tail {
+            for i in head..tail {
+                let p = w.slots[i % RING].load(Ordering::Relaxed);
                 // SAFETY: the number is checked against the array's length;
                 // the array lives as long as the server.
                 unsafe { set_latch(procs, p) };
             }
-            last = Instant::now();
+            w.head.store(tail, Ordering::Release);
+            (last, idle) = (Instant::now(), 0);
             continue;
         }
         if last.elapsed() < spin {
-            std::hint::spin_loop();
+            // now and then the core goes to whoever else wants it (the
+            // backends, when the machine is busy)
+            idle += 1;
+            if idle.is_multiple_of(64) {
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
             continue;
         }
         w.parked.store(true, Ordering::Relaxed);
         fence(Ordering::SeqCst);
-        if w.queue.lock().is_empty() {
+        if w.tail.load(Ordering::Relaxed) == w.head.load(Ordering::Relaxed) {
             // (an unpark between the look and the park makes it return at
             // once; the timeout only bounds a lost one)
             std::thread::park_timeout(Duration::from_millis(100));
         }
         w.parked.store(false, Ordering::Relaxed);
-        last = Instant::now();
+        (last, idle) = (Instant::now(), 0);
     }
 }
 

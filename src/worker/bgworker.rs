@@ -35,7 +35,7 @@ use super::residency::{Lookup, Residency};
 use super::ring::{Request, State, MAX_HITS};
 use super::shmem::{shared, Shared};
 use super::stats::{add, Counters};
-use super::{nap, set_latch, sleep, waker};
+use super::{nap, set_latch, sleep};
 use crate::gucs::{WorkerDevice, WorkerStart, GPU_MEMORY_LIMIT, WORKER, WORKER_DEVICE};
 
 /// Seconds the postmaster waits before starting a worker that exited.
@@ -140,8 +140,6 @@ pub extern "C-unwind" fn gpu_graph_worker_main(_arg: pg_sys::Datum) {
     shared.worker_pid.store(pid, Ordering::Release);
     log!("gpu_graph search worker: serving index scans on {}", device.describe());
 
-    // (the CPU test mode's worker does not spin: neither does its waker)
-    waker::start(if matches!(device, Device::Gpu(_)) { waker::GPU_SPIN } else { Duration::ZERO });
     let mut w = Worker {
         shared,
         device,
@@ -498,7 +496,7 @@ impl Worker {
         add(&c.answered, 1);
         if slot.answer(f.seq) {
             let t = Instant::now();
-            waker::wake(procno);
+            set_latch(procno);
             add(&c.wake_ns, t.elapsed().as_nanos() as u64);
         }
     }

@@ -8,7 +8,6 @@
 //! - [`ring`]: a query slot's layout and state machine
 //! - [`client`]: the backend's side (submit, wait on the latch, verify)
 //! - [`bgworker`]: the worker process (registration, main loop, exits)
-//! - [`waker`]: its thread that wakes the backends it answered
 //! - [`residency`], [`image`]: the index copies (engine::flat::FlatIndex) and
 //!   reading them from pages
 //! - [`changes`]: the pages backends changed, which the copies follow
@@ -34,7 +33,6 @@ mod residency;
 mod ring;
 mod shmem;
 mod stats;
-mod waker;
 
 use crate::latch::{nap, sleep};
 use pgrx::pg_sys;

@@ -44,8 +44,7 @@ pub struct Counters {
     pub work_ns: AtomicU64,
     /// of that: taking requests and starting their searches (patches
     /// included), polling the device and answering, and of the answers
-    /// the wake-ups (SetLatch: a signal to a backend asleep on its latch;
-    /// handed to the waker thread since it exists)
+    /// the wake-ups (SetLatch: a signal to a backend asleep on its latch)
     pub take_ns: AtomicU64,
     pub progress_ns: AtomicU64,
     pub wake_ns: AtomicU64,

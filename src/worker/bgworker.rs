@@ -330,10 +330,8 @@ impl Worker {
 
     /// Takes every submitted request; whether there was one. The copies
     /// follow the change log after the requests are taken and before any
-    /// that needs changes not read yet is searched: each sees every change
-    /// committed before it was submitted. Those whose changes the copies
-    /// hold already are sent first, not held back by the patch (under
-    /// steady inserts most requests of a pass are of these).
+    /// is searched, when one needs changes not read yet: each sees every
+    /// change committed before it was submitted.
     fn take_requests(&mut self) -> Result<bool, String> {
         let mut taken = std::mem::take(&mut self.taken);
         taken.clear();
@@ -342,42 +340,28 @@ impl Worker {
                 taken.push((i, seq));
             }
         }
-        // whether a request needs more of the log than the copies read (a
-        // standby's, u64::MAX: none; their copies go by the generation)
-        let (shared, residency) = (self.shared, &self.residency);
-        let waits = |&(i, _): &(usize, u64)| {
+        // what the requests need of the log (a standby's, u64::MAX: none;
+        // their copies go by the generation)
+        let need = taken
+            .iter()
             // SAFETY: just taken (WORKING): no one writes these requests.
-            let need = unsafe { shared.slots()[i].request() }.need;
-            need != u64::MAX && residency.behind(need, shared)
-        };
-        taken.sort_by_cached_key(waits);
-        let ready = taken.iter().take_while(|t| !waits(t)).count();
-        for &(i, seq) in &taken[..ready] {
-            self.start(i, seq)?;
-        }
-        if ready < taken.len() {
-            if ready > 0 {
-                self.send()?;
-            }
+            .map(|&(i, _)| unsafe { self.shared.slots()[i].request() }.need)
+            .filter(|&n| n != u64::MAX)
+            .max();
+        if need.is_some_and(|n| self.residency.behind(n, self.shared)) {
             // SAFETY: the worker's main thread, as in `serve`.
             unsafe { self.residency.sync(&self.device, self.shared)? };
-            for &(i, seq) in &taken[ready..] {
-                self.start(i, seq)?;
-            }
         }
-        self.send()?;
         let took = !taken.is_empty();
-        self.taken = taken;
-        Ok(took)
-    }
-
-    /// Sends the searches started and held.
-    fn send(&self) -> Result<(), String> {
+        for &(i, seq) in &taken {
+            self.start(i, seq)?;
+        }
         if let Err(o) = self.device.send_held() {
             // the device is lost: the held searches fail when polled
             failed(&self.device, o)?;
         }
-        Ok(())
+        self.taken = taken;
+        Ok(took)
     }
 
     /// Starts the search of the request in slot `i`, just taken under `seq`.

@@ -567,6 +567,8 @@ pub unsafe fn patch(
             add(&counters().patches_from_log, 1);
             return Some(end(&m, target));
         }
+        // (pages to read: the file's meta page, as new or newer, is
+        // checked and grows the copy again there)
     }
     // SAFETY: the caller's contract.
     unsafe {

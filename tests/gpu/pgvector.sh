@@ -44,7 +44,7 @@ log=$out/$name.log
 
 "$bench_bin" --base "$dir/base.fvecs" --query "$dir/query.fvecs" --gt "$dir/groundtruth.ivecs" \
   --metric "$metric" --column "$column" "${rows[@]}" --queries 1000 --clients "${CLIENTS_SWEEP:-16}" --ef "$efs" \
-  --compare hnsw --set maintenance_work_mem=16GB --set max_parallel_maintenance_workers=15 \
+  --compare hnsw --set maintenance_work_mem=16GB --set max_parallel_workers=15 --set max_parallel_maintenance_workers=15 \
   --set gpu_graph.build_device="$build_device" --csv "$out/$name.csv" 2>&1 | grep -v 'processed [0-9]* tuples\|already exists, skipping' | tee "$log"
 
 # the smallest ef_search of each index reaching the recall asked for (else its largest)

@@ -9,7 +9,7 @@
 #
 #   bash tests/gpu/algorithms.sh DIR l2|cosine|ip [NAME]
 #   env: ALGORITHMS ("rnn_descent nsg vamana cagra tsdg"), EFS (10,20,40,80),
-#        CLIENTS (64), SECS (10), RECALL (0.97), OPTIONS (more index
+#        CLIENTS (64; empty: no pgbench), SECS (10), RECALL (0.97), OPTIONS (more index
 #        options, e.g. "degree = 32"), BUILD_DEVICE (gpu), BENCH
 set -euo pipefail
 # shellcheck source=tests/gpu/lib.sh
@@ -39,7 +39,7 @@ for a in ${ALGORITHMS:-rnn_descent nsg vamana cagra tsdg}; do
     grep -v 'already exists, skipping' | sed -n '/built\|^build:/p;/ef_search/,/^$/p' | tee -a "$log"
   ef=$(gg_pick_ef "$out/${name}_$a.csv" gpu_graph "$recall")
   gg_wait_worker "$op" | tee -a "$log"
-  for c in ${CLIENTS:-64}; do
+  for c in ${CLIENTS-64}; do
     gg_pgbench "$a worker ef $ef" "$c" "$secs" "-c gpu_graph.search_device=gpu -c gpu_graph.ef_search=$ef" "$log"
   done
 done

@@ -393,7 +393,8 @@ pub unsafe extern "C-unwind" fn ambuild(
     // the rest of the vector pages need no graph: they are written while a
     // GPU builds it
     let mut vector_ms = streamed_ms;
-    let mut built = construct(&loader.vectors, loader.stored_dim.max(1), n, &params, knn, &mut || {
+    let order = super::construct::cpu_order(cfs);
+    let mut built = construct(&loader.vectors, loader.stored_dim.max(1), n, &params, knn, order, &mut || {
         report(pg_sys::PROGRESS_CREATEIDX_SUBPHASE, PHASE_VECTORS);
         report(pg_sys::PROGRESS_CREATEIDX_TUPLES_TOTAL, n as i64);
         let t = Instant::now();

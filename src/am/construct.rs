@@ -7,10 +7,10 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, OnceLock};
 use std::time::{Duration, Instant};
 
-use gpu_graph_engine::cfs::CfsParams;
+use gpu_graph_engine::cfs::{self, CfsParams};
 use gpu_graph_engine::cost;
 use gpu_graph_engine::graph::Graph;
-use gpu_graph_engine::params::BuildParams;
+use gpu_graph_engine::params::{BuildParams, ScanOrder};
 use gpu_graph_engine::rnn_descent;
 use gpu_graph_engine::sharded::{self, Lists, Plan, Rows, ShardBuilder, ShardStats};
 use gpu_graph_gpu::{device_bytes, Control, Gpu, GpuError, KnnInit};
@@ -224,9 +224,9 @@ fn on_gpu(
     })
 }
 
-fn on_cpu(vectors: &[f32], stored_dim: usize, params: &BuildParams) -> Constructed {
+fn on_cpu(vectors: &[f32], stored_dim: usize, params: &BuildParams, order: ScanOrder) -> Constructed {
     let t = Instant::now();
-    let graph = rnn_descent::build(vectors, stored_dim, params, &mut |done: usize, all: usize| {
+    let graph = rnn_descent::build_in(vectors, stored_dim, params, order, &mut |done: usize, all: usize| {
         // the engine calls back on the calling (backend) thread
         report_rounds(done, all);
         pg_sys::check_for_interrupts!();
@@ -244,16 +244,28 @@ fn on_cpu(vectors: &[f32], stored_dim: usize, params: &BuildParams) -> Construct
     }
 }
 
-/// Builds the graph over `rows` stored vectors. `meanwhile` (PostgreSQL work
-/// that does not need the graph) runs exactly once on this thread: during a
-/// GPU build, whose thread makes no PostgreSQL call; before a CPU build,
-/// which wants every core.
+/// The scan order of a CPU build's RNN-Descent: the GPU's (GRNND's random
+/// order) when a CFS graph is refined from it (`cfs::START_ORDER`), else
+/// Algorithm 2's ascending order. (The GPU scans in GRNND's order always.)
+pub fn cpu_order(cfs: Option<CfsParams>) -> ScanOrder {
+    if cfs.is_some() {
+        cfs::START_ORDER
+    } else {
+        ScanOrder::Ascending
+    }
+}
+
+/// Builds the graph over `rows` stored vectors, on the CPU in `cpu_order`.
+/// `meanwhile` (PostgreSQL work that does not need the graph) runs exactly
+/// once on this thread: during a GPU build, whose thread makes no
+/// PostgreSQL call; before a CPU build, which wants every core.
 pub fn construct(
     vectors: &[f32],
     stored_dim: usize,
     rows: usize,
     params: &BuildParams,
     knn: KnnInit,
+    cpu_order: ScanOrder,
     meanwhile: &mut dyn FnMut(),
 ) -> Constructed {
     let want = BUILD_DEVICE.get();
@@ -297,10 +309,10 @@ pub fn construct(
             Err(GpuError::Cancelled) => unreachable!("the GPU build stopped with no one leaving"),
             Err(e) => fall_back(want, &e),
         }
-        return on_cpu(vectors, stored_dim, params);
+        return on_cpu(vectors, stored_dim, params, cpu_order);
     }
     meanwhile();
-    on_cpu(vectors, stored_dim, params)
+    on_cpu(vectors, stored_dim, params, cpu_order)
 }
 
 /// A paged build's shards on the GPUs: a thread for each device opens it
@@ -531,7 +543,7 @@ pub fn construct_paged(b: PagedBuild) -> Constructed {
         let (shard, total) = (std::cell::Cell::new(0), std::cell::Cell::new(1));
         let mut cpu = sharded::Inline::new(|rows: &[f32]| {
             Some(
-                rnn_descent::build(rows, sd, params, &mut |done: usize, all: usize| {
+                rnn_descent::build_in(rows, sd, params, cpu_order(b.cfs), &mut |done: usize, all: usize| {
                     report_rounds(shard.get() * all + done, total.get() * all);
                     pg_sys::check_for_interrupts!();
                     true

@@ -20,7 +20,13 @@
 //!   arrives new. Reverse edges leave the forward entries' flags as they are
 //!   (the reference marks them all new again, re-testing pairs already known
 //!   to pass).
-//! - Candidates are scanned in ascending order (Algorithm 2 as printed).
+//! - Candidates are scanned in ascending order (Algorithm 2 as printed), or
+//!   in a fresh random order each round ([`ScanOrder::Random`], GRNND's
+//!   disordered propagation, the GPU's default). One scan serves both: the
+//!   farther of an occluding pair (by distance, ties by id) leaves the pool
+//!   and is offered to the nearer one, which in a random order can remove
+//!   an already accepted candidate (GRNND's Alg. 4 line 8); in ascending
+//!   order the farther is always the candidate, and this is Algorithm 2.
 //! - The prune test is [`crate::prune::occludes`], the one rule of the
 //!   engine (`<=`, with its exception for copies of the vertex itself).
 
@@ -30,9 +36,9 @@ use crate::distance::prefetch;
 use crate::graph::{final_cut, Graph};
 use crate::medoid::medoid;
 use crate::metric::graph_distance;
-use crate::params::BuildParams;
+use crate::params::{BuildParams, ScanOrder};
 use crate::prune::occludes;
-use crate::random::SplitMix64;
+use crate::random::{mix64, SplitMix64};
 use crate::NO_NODE;
 
 /// Called on the calling thread between update rounds: `done` of `total`
@@ -168,16 +174,31 @@ impl Builder<'_> {
             .collect()
     }
 
-    /// Algorithm 2 for one vertex: its `pool` becomes the kept candidates, the
-    /// pruned ones go to the outbox of the kept neighbour that pruned them.
-    fn update(&self, pool: &mut Vec<Entry>, r: usize, out: &mut Outbox, kept: &mut Vec<Entry>) {
+    /// Algorithm 2 for one vertex `v`, its pool scanned in ascending order,
+    /// or in the random order of `round_key` when given: its `pool` becomes
+    /// the kept candidates, the pruned ones go to the outbox of the nearer
+    /// one of the pair that pruned them.
+    fn update(
+        &self,
+        v: u32,
+        round_key: Option<u64>,
+        pool: &mut Vec<Entry>,
+        r: usize,
+        out: &mut Outbox,
+        kept: &mut Vec<Entry>,
+    ) {
         // nothing arrived since the last update: the pool is that update's
-        // kept list, sorted, every pair tested; a converged vertex costs nothing
+        // kept list, every pair tested; a converged vertex costs nothing
         if !pool.iter().any(|e| e.new) {
             return;
         }
         sort_dedupe(pool);
         pool.truncate(r);
+        if let Some(key) = round_key {
+            // a key per (round, vertex, id), as the GPU's; ids are distinct here
+            let vk = key ^ ((v as u64) << 31);
+            pool.sort_unstable_by_key(|e| ((mix64(vk ^ e.id as u64) as u32 as u64) << 32) | e.id as u64);
+        }
         kept.clear();
         // an old candidate before the first new one meets only old kept
         // entries: no distance, so no vector to load
@@ -191,22 +212,30 @@ impl Builder<'_> {
                     prefetch(self.row(p.id));
                 }
             }
-            let mut ok = true;
-            for k in kept.iter() {
-                if !c.new && !k.new {
+            let mut alive = true;
+            for k in kept.iter_mut() {
+                if k.dist < 0.0 || (!c.new && !k.new) {
                     continue;
                 }
+                let c_nearer = (c.dist, c.id) < (k.dist, k.id);
+                let (near, far) = if c_nearer { (c.dist, k.dist) } else { (k.dist, c.dist) };
                 let mut between = 0.0;
-                if occludes(k.dist, c.dist, || {
+                if occludes(near, far, || {
                     between = self.dist(c.id, k.id);
                     between
                 }) {
-                    ok = false;
-                    out.push(k.id, Entry { dist: between, id: c.id, new: true });
-                    break;
+                    if c_nearer {
+                        // an accepted one leaves (only in a random order)
+                        out.push(c.id, Entry { dist: between, id: k.id, new: true });
+                        k.dist = REMOVED;
+                    } else {
+                        out.push(k.id, Entry { dist: between, id: c.id, new: true });
+                        alive = false;
+                        break;
+                    }
                 }
             }
-            if ok {
+            if alive {
                 // keep the flag through this scan: a later old candidate must
                 // still be tested against a kept entry that was new
                 kept.push(c);
@@ -214,20 +243,35 @@ impl Builder<'_> {
         }
         pool.clear();
         // every pair among the kept entries has now been tested
-        pool.extend(kept.iter().map(|&e| Entry { new: false, ..e }));
+        pool.extend(kept.iter().filter(|e| e.dist != REMOVED).map(|&e| Entry { new: false, ..e }));
     }
 }
+
+/// The distance of an accepted candidate that a later, nearer one removed
+/// (distances are squares, never negative).
+const REMOVED: f32 = -1.0;
 
 /// Builds the graph over `vectors` (n × stored_dim stored vectors, squared L2),
 /// on all rayon threads. Lists are sorted by distance, cut to `params.degree`
 /// and padded with NO_NODE; `entry` is the medoid.
 pub fn build(vectors: &[f32], stored_dim: usize, params: &BuildParams, progress: &mut dyn Progress) -> Option<Graph> {
+    build_in(vectors, stored_dim, params, ScanOrder::Ascending, progress)
+}
+
+/// [`build`] with the pools scanned in `order`.
+pub fn build_in(
+    vectors: &[f32],
+    stored_dim: usize,
+    params: &BuildParams,
+    order: ScanOrder,
+    progress: &mut dyn Progress,
+) -> Option<Graph> {
     let n = vectors.len().checked_div(stored_dim).unwrap_or(0);
     assert!(n < NO_NODE as usize, "node ids are u32");
     let b = Builder { vectors, dim: stored_dim, range: merge_range(n) };
     let mut pools: Vec<Vec<Entry>> = (0..n).map(|_| Vec::new()).collect();
     b.init(&mut pools, params.s.max(1), params.seed);
-    rounds(&b, pools, params, params.t1, params.t2, progress)
+    rounds(&b, pools, params, order, progress)
 }
 
 /// `t1` outer rounds of `t2` updates each, reverse offers between outer
@@ -236,10 +280,10 @@ fn rounds(
     b: &Builder,
     mut pools: Vec<Vec<Entry>>,
     params: &BuildParams,
-    t1: usize,
-    t2: usize,
+    order: ScanOrder,
     progress: &mut dyn Progress,
 ) -> Option<Graph> {
+    let (t1, t2) = (params.t1, params.t2);
     let degree = params.degree;
     let n = pools.len();
     // a pool never needs to hold fewer than the final degree
@@ -248,7 +292,10 @@ fn rounds(
     let mut done = 0;
     for outer in 0..t1 {
         for _ in 0..t2 {
-            let out = b.round(&mut pools, |_, pool, ob, kept| b.update(pool, r, ob, kept));
+            // a fresh order each round (the GPU's key: kernels/rnn_descent.cu)
+            let key = (order == ScanOrder::Random)
+                .then(|| mix64(params.seed ^ ((done as u64) << 40) ^ 0x6a09_e667_f3bc_c909));
+            let out = b.round(&mut pools, |v, pool, ob, kept| b.update(v, key, pool, r, ob, kept));
             merge(&mut pools, out, b.range);
             done += 1;
             if !progress.round(done, total) {
@@ -309,39 +356,46 @@ mod tests {
 
     #[test]
     fn grid_lists_sorted_deterministic_cancellable() {
-        // a 20×20 grid with a little jitter: every list sorted, no self loops
+        // a 20×20 grid with a little jitter: every list sorted, no self loops,
+        // in both scan orders
         let mut rng = SplitMix64(1);
         let v: Vec<f32> = (0..400)
             .flat_map(|i| [(i % 20) as f32, (i / 20) as f32])
             .map(|x| x + (rng.below(1000) as f32) * 1e-4)
             .collect();
         let p = BuildParams { degree: 8, ..BuildParams::default() };
-        let g = build(&v, 2, &p, &mut never_cancel()).unwrap();
-        let mut far = 0;
-        for u in 0..400u32 {
-            let l: Vec<u32> = g.neighbors(u).collect();
-            assert!(!l.is_empty() && l.len() <= 8 && !l.contains(&u));
-            let d: Vec<f32> =
-                l.iter().map(|&x| graph_distance(&v[u as usize * 2..][..2], &v[x as usize * 2..][..2])).collect();
-            assert!(d.windows(2).all(|w| w[0] <= w[1]), "node {u}: {d:?}");
-            // on a grid the nearest point is one step away; the descent is
-            // approximate, so allow a few nodes that never met theirs
-            if d[0] > 1.1 {
-                far += 1;
+        let mut graphs = Vec::new();
+        for order in [ScanOrder::Ascending, ScanOrder::Random] {
+            let g = build_in(&v, 2, &p, order, &mut never_cancel()).unwrap();
+            let mut far = 0;
+            for u in 0..400u32 {
+                let l: Vec<u32> = g.neighbors(u).collect();
+                assert!(!l.is_empty() && l.len() <= 8 && !l.contains(&u));
+                let d: Vec<f32> =
+                    l.iter().map(|&x| graph_distance(&v[u as usize * 2..][..2], &v[x as usize * 2..][..2])).collect();
+                assert!(d.windows(2).all(|w| w[0] <= w[1]), "{order:?} node {u}: {d:?}");
+                // on a grid the nearest point is one step away; the descent is
+                // approximate, so allow a few nodes that never met theirs
+                if d[0] > 1.1 {
+                    far += 1;
+                }
             }
+            assert!(far <= 8, "{order:?}: {far} of 400 nodes miss their nearest neighbour");
+            // the same graph whatever the thread count
+            let one = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
+            let g1 = one.install(|| build_in(&v, 2, &p, order, &mut never_cancel()).unwrap());
+            assert_eq!((&g1.adjacency, g1.entry), (&g.adjacency, g.entry), "{order:?}");
+            let mut calls = 0;
+            let mut stop_at_3 = |done: usize, total: usize| {
+                assert_eq!(total, p.t1 * p.t2);
+                calls += 1;
+                done < 3
+            };
+            assert!(build_in(&v, 2, &p, order, &mut stop_at_3).is_none());
+            assert_eq!(calls, 3);
+            graphs.push(g.adjacency);
         }
-        assert!(far <= 8, "{far} of 400 nodes miss their nearest neighbour");
-        // the same graph whatever the thread count
-        let one = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
-        let g1 = one.install(|| build(&v, 2, &p, &mut never_cancel()).unwrap());
-        assert_eq!((g1.adjacency, g1.entry), (g.adjacency, g.entry));
-        let mut calls = 0;
-        let mut stop_at_3 = |done: usize, total: usize| {
-            assert_eq!(total, p.t1 * p.t2);
-            calls += 1;
-            done < 3
-        };
-        assert!(build(&v, 2, &p, &mut stop_at_3).is_none());
-        assert_eq!(calls, 3);
+        // the orders are two schedules, not one
+        assert_ne!(graphs[0], graphs[1]);
     }
 }

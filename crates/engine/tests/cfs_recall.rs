@@ -8,13 +8,13 @@ mod common;
 use std::time::Instant;
 
 use common::*;
-use gpu_graph_engine::cfs::{refine, Algorithm, CfsParams};
+use gpu_graph_engine::cfs::{refine, Algorithm, CfsParams, START_ORDER};
 use gpu_graph_engine::dataset::Matrix;
 use gpu_graph_engine::flat::FlatIndex;
 use gpu_graph_engine::memory::MemoryStore;
 use gpu_graph_engine::metric::Metric;
 use gpu_graph_engine::params::BuildParams;
-use gpu_graph_engine::rnn_descent::build;
+use gpu_graph_engine::rnn_descent::build_in;
 
 const ALGORITHMS: [(&str, Algorithm); 4] = [
     ("nsg", Algorithm::Nsg),
@@ -30,7 +30,8 @@ fn recalls(set: &str, metric: Metric, base: &Matrix<f32>, queries: &Matrix<f32>)
     let dim = metric.stored_dim(base.dim);
     let params = BuildParams::default();
     let t = Instant::now();
-    let start = build(&stored, dim, &params, &mut |_, _| true).expect("not cancelled");
+    // the start a CPU build refines (the GPU's scan order)
+    let start = build_in(&stored, dim, &params, START_ORDER, &mut |_, _| true).expect("not cancelled");
     println!("{set} {} rows: rnn_descent {:.2?}", base.len(), t.elapsed());
     ALGORITHMS
         .iter()

@@ -9,7 +9,7 @@ use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
 use gpu_graph_engine::graph::{final_cut, Graph};
 use gpu_graph_engine::medoid::medoid;
-use gpu_graph_engine::params::BuildParams;
+use gpu_graph_engine::params::{BuildParams, ScanOrder};
 use gpu_graph_engine::NO_NODE;
 use rayon::prelude::*;
 
@@ -66,15 +66,6 @@ impl Start {
 /// a build, for 0.965 against the exact start's 0.965 and the random
 /// start's 0.957-0.960 at ef 10 on 1M SIFT; docs/benchmarks.md).
 pub const EXACT_KNN_AUTO_MAX_ROWS: usize = 100_000;
-
-/// Order in which a round scans a pool (see rnn_descent.cu).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ScanOrder {
-    /// GRNND's disordered propagation: a fresh random order every round.
-    Random,
-    /// Algorithm 2's ascending distance order (the CPU builder's).
-    Ascending,
-}
 
 /// Knobs of the GPU builder that are not index options (for measurements).
 #[derive(Clone, Copy, Debug)]

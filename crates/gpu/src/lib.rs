@@ -36,7 +36,7 @@ mod vectors;
 pub use device::{DeviceInfo, Gpu};
 pub use error::GpuError;
 pub use grnnd::{
-    build, build_streamed, build_with, device_bytes, Control, GpuOptions, KnnInit, PhaseTimes, ScanOrder, Start,
+    build, build_streamed, build_with, device_bytes, Control, GpuOptions, KnnInit, PhaseTimes, Start,
     EXACT_KNN_AUTO_MAX_ROWS,
 };
 pub use knn::{knn_graph, KnnGraph};

@@ -21,6 +21,11 @@
 //! Exits 1 if the GPU's recall is more than 0.01 below the CPU's at some ef,
 //! or any check fails; 2 on a usage or I/O error.
 //!
+//! `--cfs-from-builds nsg,cagra,...` refines every GPU build's graph (on
+//! the GPU) and the CPU's CFS start (on the CPU) into those graphs and
+//! prints their recall@10 at ef 10 / 20 / 40 / 80: the GPU-built and the
+//! CPU-built CFS graphs of one data set, printed, not checked.
+//!
 //! A `--variant key=value,...` builds again on the GPU with some settings
 //! changed (keys: knn, order = random|ascending, lanes, half, verify, early,
 //! s, r, t1, t2, rho, seed, degree) and reports its recall too; the first GPU
@@ -36,12 +41,14 @@ use std::time::Instant;
 
 use clap::Parser;
 use common::{cpu_recall, number, pairs, usage, Data, DataArgs, GraphArgs, Verdict};
+use gpu_graph_engine::cfs::START_ORDER;
 use gpu_graph_engine::flat::FlatIndex;
 use gpu_graph_engine::graph::Graph;
 use gpu_graph_engine::metric::Metric;
 use gpu_graph_engine::params::BuildParams;
+use gpu_graph_engine::params::ScanOrder;
 use gpu_graph_engine::rnn_descent;
-use gpu_graph_gpu::{build_with, Gpu, GpuError, GpuOptions, KnnInit, ScanOrder};
+use gpu_graph_gpu::{build_with, Gpu, GpuError, GpuOptions, KnnInit};
 
 const EFS: [usize; 4] = [10, 20, 40, 80];
 
@@ -93,6 +100,11 @@ struct Opts {
     /// Rows of the CFS refinement check (0: none).
     #[arg(long, default_value_t = 20_000)]
     cfs_rows: usize,
+    /// Refine each GPU build's graph on the GPU and a CPU build in the CFS
+    /// start's order on the CPU into these CFS graphs (nsg, vamana, cagra,
+    /// tsdg) and print their recall: GPU-built beside CPU-built.
+    #[arg(long, value_delimiter = ',')]
+    cfs_from_builds: Vec<String>,
     /// Print one line per GRNND round.
     #[arg(long)]
     verbose: bool,
@@ -210,7 +222,8 @@ fn gpu_build(gpu: &Gpu, data: &Data, v: &Variant, reps: usize, verdict: &mut Ver
 
 /// Every GPU variant, then the CPU build; the first GPU build's recall must
 /// be within 0.01 of the CPU's at every ef.
-fn builds(gpu: &Gpu, data: &Data, o: &Opts, params: BuildParams, verdict: &mut Verdict) {
+fn builds(gpu: &Gpu, data: &Data, o: &Opts, params: BuildParams, verdict: &mut Verdict) -> Vec<(String, Graph)> {
+    let mut graphs = Vec::new();
     let first = Variant {
         label: "gpu".into(),
         params,
@@ -232,13 +245,16 @@ fn builds(gpu: &Gpu, data: &Data, o: &Opts, params: BuildParams, verdict: &mut V
         if i == 0 {
             first_recall = Some(r);
         }
+        if !o.cfs_from_builds.is_empty() {
+            graphs.push((v.label.clone(), g));
+        }
     }
     let Some(gr) = first_recall else {
         verdict.check(false, "no GPU build to compare".into());
-        return;
+        return graphs;
     };
     if o.no_cpu {
-        return;
+        return graphs;
     }
     let t = Instant::now();
     let g = rnn_descent::build(&data.base.data, data.base.dim, &params, &mut |_: usize, _: usize| true)
@@ -250,6 +266,18 @@ fn builds(gpu: &Gpu, data: &Data, o: &Opts, params: BuildParams, verdict: &mut V
     for ((ef, (g, _)), (c, _)) in EFS.iter().zip(&gr).zip(&r) {
         verdict.check(*g >= c - 0.01, format!("ef {ef}: GPU recall@10 {g:.4}, CPU {c:.4} (at most 0.01 below)"));
     }
+    if !o.cfs_from_builds.is_empty() {
+        // a CPU build refines its start in the GPU's scan order
+        let t = Instant::now();
+        let s =
+            rnn_descent::build_in(&data.base.data, data.base.dim, &params, START_ORDER, &mut |_: usize, _: usize| true)
+                .expect("not cancelled");
+        println!("build {:<28} total {:.1} ms", "cpu (CFS start)", t.elapsed().as_secs_f64() * 1e3);
+        println!("      {}", graph_stats(&s));
+        print_recall("cpu (CFS start)", &evaluate(&s, data));
+        graphs.push(("cpu (CFS start)".into(), s));
+    }
+    graphs
 }
 
 /// A cancel stops a build promptly and frees its device memory.
@@ -283,7 +311,8 @@ fn main() {
     println!("params: {params:?}, knn {:?}", o.knn);
     let mut verdict = Verdict::default();
     if !o.skip_builds {
-        builds(&gpu, &data, &o, params, &mut verdict);
+        let graphs = builds(&gpu, &data, &o, params, &mut verdict);
+        refine::from_builds(&gpu, &data, &graphs, &o.cfs_from_builds, &params, &mut verdict);
         if !o.no_cancel_test {
             cancel_test(&gpu, &data, &params, &mut verdict);
         }

@@ -1,5 +1,5 @@
 //! Whole CFS refinements of the first rows, from the CPU's RNN-Descent
-//! graph, on both sides: the GPU's (cfs::refine_with the GPU's collect
+//! graph (in the scan order a CPU build refines, cfs::START_ORDER), on both sides: the GPU's (cfs::refine_with the GPU's collect
 //! searches and filters, as a GPU build refines) against the CPU's, each
 //! timed, and the recall@10 of both graphs under the engine's search. The
 //! GPU's searches may find a few other candidates than the CPU's (another
@@ -9,7 +9,7 @@
 use std::convert::Infallible;
 use std::time::Instant;
 
-use gpu_graph_engine::cfs::{refine, refine_with, Algorithm, CfsParams};
+use gpu_graph_engine::cfs::{refine, refine_with, Algorithm, CfsParams, START_ORDER};
 use gpu_graph_engine::collect_rows::CpuCollect;
 use gpu_graph_engine::filter_rows::{CpuFilters, Timed};
 use gpu_graph_engine::flat::FlatIndex;
@@ -107,7 +107,8 @@ pub fn check(gpu: &Gpu, data: &Data, rows: usize, params: &BuildParams, verdict:
         let index = FlatIndex::new(Metric::L2, dim, base.to_vec(), g.clone());
         EFS.iter().map(|&ef| cpu_recall(&index, Metric::L2, &data.queries, truth, ef).0).collect()
     };
-    let start = rnn_descent::build(base, dim, params, &mut |_: usize, _: usize| true).expect("not cancelled");
+    let start =
+        rnn_descent::build_in(base, dim, params, START_ORDER, &mut |_: usize, _: usize| true).expect("not cancelled");
     let algorithms = [
         Algorithm::Nsg,
         Algorithm::Vamana { alpha: 1.2 },
@@ -145,5 +146,54 @@ pub fn check(gpu: &Gpu, data: &Data, rows: usize, params: &BuildParams, verdict:
                 cells.join(", ")
             ),
         );
+    }
+}
+
+/// Each start graph of `graphs` (the builds' own, all of them over every
+/// row) refined into each CFS graph of `names` (a GPU build's on the GPU,
+/// a CPU build's on the CPU, as CREATE INDEX does), with recall@10 at ef
+/// 10 / 20 / 40 / 80: the GPU-built CFS graphs beside the CPU-built.
+pub fn from_builds(
+    gpu: &Gpu,
+    data: &Data,
+    graphs: &[(String, Graph)],
+    names: &[String],
+    params: &BuildParams,
+    verdict: &mut Verdict,
+) {
+    let (base, dim) = (&data.base.data, data.base.dim);
+    for name in names {
+        let algorithm = match name.as_str() {
+            "nsg" => Algorithm::Nsg,
+            "vamana" => Algorithm::Vamana { alpha: 1.2 },
+            "cagra" => Algorithm::Cagra,
+            "tsdg" => Algorithm::Tsdg { alpha: 1.2, max_lambda: 32 },
+            _ => crate::common::usage("--cfs-from-builds takes nsg, vamana, cagra, tsdg"),
+        };
+        // the index's default candidates (src/am/options.rs)
+        let p = CfsParams { algorithm, degree: params.degree, pool: 64 };
+        for (label, start) in graphs {
+            // a CPU build refines on the CPU (deterministic), a GPU build on the GPU
+            let refined = if label.starts_with("cpu") {
+                Ok(on_cpu(base, dim, start, &p))
+            } else {
+                on_gpu(gpu, base, dim, start, &p)
+            };
+            match refined {
+                Ok(g) => {
+                    let index = FlatIndex::new(Metric::L2, dim, base.clone(), g.graph);
+                    let cells: Vec<String> = [10, 20, 40, 80]
+                        .iter()
+                        .map(|&ef| {
+                            format!("ef{ef} {:.4}", cpu_recall(&index, Metric::L2, &data.queries, &data.truth, ef).0)
+                        })
+                        .collect();
+                    println!("cfs {name:<7} from {label:<28} {:.0} ms: {}", g.total_ms, cells.join("  "));
+                }
+                Err(e) => {
+                    verdict.check(false, format!("refine {name} from {label} on the GPU: {e}"));
+                }
+            }
+        }
     }
 }

@@ -41,7 +41,8 @@ use crate::NO_NODE;
 /// on the CPU as on the GPU (GRNND's). From the CPU's start in ascending
 /// order the CFS graphs lost up to 0.02 of recall@10 at ef 20 against the
 /// GPU's (1M x768: NSG 0.922 against 0.938-0.948); in this order they
-/// come within 0.01 (docs/benchmarks.md, "The CPU's start of a CFS graph").
+/// come within 0.01 (docs/benchmarks.md, "The CPU's start of a CFS graph in
+/// the GPU's scan order").
 pub const START_ORDER: ScanOrder = ScanOrder::Random;
 
 /// The graphs built by CFS.

@@ -39,6 +39,6 @@ pub enum ScanOrder {
     /// Its lists are sparser (mean degree 14.2 against 16.6 on 1M x768) and
     /// make the better start for a CFS graph: from the CPU's start in this
     /// order NSG's graph reached recall@10 0.941 at ef 20 against 0.922 in
-    /// ascending order, TSDG's 0.901 against 0.887 (docs/benchmarks.md).
+    /// ascending order, TSDG's 0.901 against 0.886 (docs/benchmarks.md).
     Random,
 }

@@ -336,6 +336,7 @@ pub unsafe extern "C-unwind" fn ambuild(
     };
     // SAFETY: as above.
     let cfs = unsafe { options::cfs_params(index, params.degree) };
+    let knn = if cfs.is_some() { knn.for_cfs() } else { knn };
     let total = Instant::now();
     let mut meta = Meta::new(metric, &params, storage);
     meta.set_cfs(cfs.as_ref());

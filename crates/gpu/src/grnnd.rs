@@ -348,6 +348,20 @@ impl Kernels {
 }
 
 impl KnnInit {
+    /// The option as the start of a CFS graph's RNN-Descent (nsg, vamana,
+    /// cagra, tsdg): `auto` is random lists, the CPU's start, so that GPU
+    /// and CPU builds refine the same graph (recall@10 within 0.003 at ef
+    /// 10-80 on 1M SIFT, tests/gpu/build.sh). From GNN-Descent's start the
+    /// CFS graphs searched worse from the entry point on 1M SIFT (Vamana
+    /// 0.879 / 0.954 against 0.934 / 0.974 at ef 10 / 20, two builds each)
+    /// and the start costs 1.4 s; docs/benchmarks.md.
+    pub fn for_cfs(self) -> KnnInit {
+        match self {
+            KnnInit::Auto => KnnInit::Random,
+            other => other,
+        }
+    }
+
     /// The start of a build of `n` rows.
     pub fn start(self, n: usize) -> Start {
         match self {

@@ -252,7 +252,7 @@ unsafe fn build_paged(
     // SAFETY: a plain setting of this backend (kB).
     let budget = unsafe { pg_sys::maintenance_work_mem } as usize * 1024;
     let plan = |held: usize| {
-        paged::plan(n, budget, &layout, params, held, cfs.is_some()).unwrap_or_else(|least| {
+        paged::plan(n, budget, &layout, params, held, cfs.map(|c| c.algorithm.filter())).unwrap_or_else(|least| {
             ereport!(
                 ERROR,
                 PgSqlErrorCode::ERRCODE_PROGRAM_LIMIT_EXCEEDED,

@@ -6,6 +6,7 @@
 //! itself is the engine's (`engine::sharded`), the same loop as an
 //! in-memory one.
 
+use gpu_graph_engine::filter::Filter;
 use gpu_graph_engine::params::BuildParams;
 use gpu_graph_engine::sharded::{Lists, Plan, Rows, SAMPLE};
 use pgrx::pg_sys;
@@ -158,18 +159,21 @@ pub const MIN_SHARD_ROWS: usize = 1000;
 /// most an eighth of the budget; a shard's rows cost their vectors (times
 /// the shards held at once: one for each GPU building and the next one
 /// read), the builder's pools
-/// (`per_row`; with `refine`, what a shard's CFS refinement holds besides)
-/// and their lists with distances; the merge takes a quarter of
-/// the budget, in whole chunks. None when a shard of MIN_SHARD_ROWS does
-/// not fit (or the whole build, when smaller): the least budget, in bytes.
+/// (`per_row`; with a CFS graph's `filter`, what a shard's CFS refinement
+/// holds besides) and their lists with distances; the merge takes a quarter
+/// of the budget, in whole chunks, and a filtered merge's rows (read back
+/// for `filter`) another quarter: the shards' rows are gone by then. None
+/// when a shard of MIN_SHARD_ROWS does not fit (or the whole build, when
+/// smaller): the least budget, in bytes.
 pub fn plan(
     n: usize,
     budget: usize,
     layout: &Layout,
     params: &BuildParams,
     shards_held: usize,
-    refine: bool,
+    filter: Option<Filter>,
 ) -> Result<Plan, usize> {
+    let refine = filter.is_some();
     let ahead = shards_held > 1;
     // each GPU's builder holds its shard's download of lists on the host,
     // and one more is held while a shard's lists are given distances (measured: 20M
@@ -192,5 +196,16 @@ pub fn plan(
     let merge_rows = (budget / 4 / (layout.degree * (2 * 8 + 4))).max(chunk) / chunk * chunk;
     let assign_batch = (budget / 4 / row).max(1);
     let (degree, seed) = (params.degree, params.seed);
-    Ok(Plan { degree, seed, max_rows, sample, assign_batch, merge_batch: merge_rows })
+    // a node's candidates: both its lists, each a row read back
+    let filter_batch = (budget / 4 / (2 * layout.degree * row).max(1)).max(1);
+    Ok(Plan {
+        degree,
+        seed,
+        max_rows,
+        sample,
+        assign_batch,
+        merge_batch: merge_rows,
+        merge_filter: filter,
+        filter_batch,
+    })
 }

@@ -70,8 +70,9 @@ SQL
 echo "paged_parallel: ok ($rows rows, $workers workers, $shards shards, $found of 60 found first)"
 
 # A CFS graph beyond maintenance_work_mem (issue 12, item 5): each shard's
-# graph refined by Vamana's filter while its rows are in memory, the lists
-# united as RNN-Descent's are; TSDG, whose order needs whole lists' vectors,
+# graph refined by Vamana's filter while its rows are in memory, each
+# node's two lists united and filtered again by Vamana's filter (their rows
+# read back from the pages); TSDG, whose order needs whole lists' vectors,
 # is refused with an ERROR that says what to do.
 small=60000
 out=$(q 2>&1 <<SQL

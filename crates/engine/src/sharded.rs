@@ -408,8 +408,10 @@ fn filtered_union(
     out.par_chunks_mut(degree).zip(unions.par_iter()).enumerate().for_each(|(i, (o, union))| {
         let x = (first + i) as u32;
         let mut cands: Vec<(u32, f32)> = union.iter().filter(|c| c.1 != x).map(|&(d, id)| (id, d)).collect();
-        cands.sort_unstable_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)));
+        // an edge both shards kept comes twice (the same distance)
+        cands.sort_unstable_by_key(|c| c.0);
         cands.dedup_by_key(|c| c.0);
+        cands.sort_unstable_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)));
         let mut rows_of = Vec::with_capacity(cands.len() * dim);
         for c in &cands {
             let at = need.binary_search(&c.0).expect("every candidate's row was read");

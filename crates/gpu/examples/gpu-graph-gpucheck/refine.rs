@@ -166,7 +166,6 @@ pub fn from_builds(
     verdict: &mut Verdict,
 ) {
     let (base, dim) = (&data.base.data, data.base.dim);
-    const CFS_EFS: [usize; 4] = [10, 20, 40, 80];
     for name in names {
         let algorithm = match name.as_str() {
             "nsg" => Algorithm::Nsg,
@@ -184,12 +183,10 @@ pub fn from_builds(
             let refined = if on_the_cpu { Ok(on_cpu(base, dim, start, &p)) } else { on_gpu(gpu, base, dim, start, &p) };
             match refined {
                 Ok(g) => {
-                    let index = FlatIndex::new(Metric::L2, dim, base.clone(), g.graph);
-                    let r: Vec<f64> = CFS_EFS
-                        .iter()
-                        .map(|&ef| cpu_recall(&index, Metric::L2, &data.queries, &data.truth, ef).0)
-                        .collect();
-                    let cells: Vec<String> = CFS_EFS.iter().zip(&r).map(|(ef, r)| format!("ef{ef} {r:.4}")).collect();
+                    // the builds' own evaluation, at the builds' efs
+                    let r: Vec<f64> = crate::evaluate(&g.graph, data).into_iter().map(|(r, _)| r).collect();
+                    let cells: Vec<String> =
+                        crate::EFS.iter().zip(&r).map(|(ef, r)| format!("ef{ef} {r:.4}")).collect();
                     println!("cfs {name:<7} from {label:<28} {:.0} ms: {}", g.total_ms, cells.join("  "));
                     if on_the_cpu {
                         from_cpu = Some(r);
@@ -203,7 +200,7 @@ pub fn from_builds(
             }
         }
         if let (Some(g), Some(c)) = (from_random, from_cpu) {
-            let cells: Vec<String> = CFS_EFS
+            let cells: Vec<String> = crate::EFS
                 .iter()
                 .zip(g.iter().zip(&c))
                 .map(|(ef, (g, c))| format!("ef {ef} {g:.4} (CPU {c:.4})"))

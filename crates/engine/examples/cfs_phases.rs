@@ -1,13 +1,15 @@
 //! Where a CFS refinement's time goes on this machine: the collect's
 //! searches, the filters, and the rest (the collect's own lists, the
 //! reverse edges and lists merged, making every node reachable), which a
-//! GPU build runs on the CPU too; recall@10 of the graph at ef 20 / 40.
+//! GPU build runs on the CPU too; recall@10 of the graph at ef 10 / 20 / 40.
+//! The start is a CPU build's (RNN-Descent in `START_ORDER`); SEED=N picks
+//! another of its random starts, to see how far builds of one table differ.
 //!
-//! cargo run --release -p gpu_graph_engine --example cfs_phases -- [ROWS] [nsg|vamana|cagra|tsdg ...]
+//! [SEED=N] cargo run --release -p gpu_graph_engine --example cfs_phases -- [ROWS] [nsg|vamana|cagra|tsdg ...]
 
 use std::time::Instant;
 
-use gpu_graph_engine::cfs::{refine_with, Algorithm, CfsParams};
+use gpu_graph_engine::cfs::{refine_with, Algorithm, CfsParams, START_ORDER};
 use gpu_graph_engine::collect_rows::CpuCollect;
 use gpu_graph_engine::dataset::{data_dir, read_bvecs, read_fvecs, read_ivecs};
 use gpu_graph_engine::filter_rows::{CpuFilters, Timed};
@@ -15,7 +17,7 @@ use gpu_graph_engine::flat::FlatIndex;
 use gpu_graph_engine::metric::Metric;
 use gpu_graph_engine::params::BuildParams;
 use gpu_graph_engine::recall::{operator_distance, recall_at_k};
-use gpu_graph_engine::rnn_descent::build;
+use gpu_graph_engine::rnn_descent::build_in;
 use gpu_graph_engine::search::search;
 
 fn main() {
@@ -29,7 +31,13 @@ fn main() {
     let truth = read_ivecs(&dir.join("sift128_groundtruth_100000.ivecs"), None).ok().filter(|_| rows == 100_000);
     let dim = base.dim;
     let t = Instant::now();
-    let start = build(&base.data, dim, &BuildParams::default(), &mut |_, _| true).unwrap();
+    // a CPU build's start: RNN-Descent in the GPU's scan order (SEED picks
+    // another of its random starts: builds of one table differ by it)
+    let mut params = BuildParams::default();
+    if let Some(seed) = std::env::var("SEED").ok().and_then(|s| s.parse().ok()) {
+        params.seed = seed;
+    }
+    let start = build_in(&base.data, dim, &params, START_ORDER, &mut |_, _| true).unwrap();
     println!("rows {rows} threads {} start graph {:.2} s", rayon::current_num_threads(), t.elapsed().as_secs_f64());
     for name in names {
         let algorithm = match name {
@@ -64,7 +72,7 @@ fn main() {
         );
         if let Some(truth) = &truth {
             let index = FlatIndex::new(Metric::L2, dim, base.data.clone(), g);
-            for ef in [20, 40] {
+            for ef in [10, 20, 40] {
                 let r: f64 = (0..queries.len())
                     .map(|q| {
                         let kth = operator_distance(Metric::L2, queries.row(q), base.row(truth.row(q)[9] as usize));

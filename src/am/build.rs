@@ -8,7 +8,7 @@
 
 use std::time::Instant;
 
-use gpu_graph_engine::cfs::{Algorithm, CfsParams};
+use gpu_graph_engine::cfs::CfsParams;
 use gpu_graph_engine::merge;
 use gpu_graph_engine::params::BuildParams;
 use gpu_graph_engine::repair::{relink, Walk};
@@ -252,7 +252,7 @@ unsafe fn build_paged(
     // SAFETY: a plain setting of this backend (kB).
     let budget = unsafe { pg_sys::maintenance_work_mem } as usize * 1024;
     let plan = |held: usize| {
-        paged::plan(n, budget, &layout, params, held, cfs.map(|c| c.algorithm.filter())).unwrap_or_else(|least| {
+        paged::plan(n, budget, &layout, params, held, cfs.map(|c| c.algorithm)).unwrap_or_else(|least| {
             ereport!(
                 ERROR,
                 PgSqlErrorCode::ERRCODE_PROGRAM_LIMIT_EXCEEDED,
@@ -363,16 +363,6 @@ pub unsafe extern "C-unwind" fn ambuild(
     let (max_norm, pinned) = loader.finish();
     let load_ms = ms(t);
     if scanned.paged {
-        if cfs.is_some_and(|c| matches!(c.algorithm, Algorithm::Tsdg { .. })) {
-            // its (lambda, distance) order is of a whole list, which a
-            // paged build unites from two shards' without their vectors
-            ereport!(
-                ERROR,
-                PgSqlErrorCode::ERRCODE_PROGRAM_LIMIT_EXCEEDED,
-                "gpu_graph: algorithm tsdg orders each whole list from its vectors in memory, which this table's vectors do not fit",
-                "Raise maintenance_work_mem, or build with another algorithm (nsg, vamana and cagra build in shards read back from the index's pages)."
-            );
-        }
         let scan =
             Scan { loader: &loader, heap_tuples: scanned.heap_tuples, workers: scanned.workers, load_ms, streamed_ms };
         // SAFETY: ambuild's index, its vector pages written by `out`.

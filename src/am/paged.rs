@@ -6,7 +6,7 @@
 //! itself is the engine's (`engine::sharded`), the same loop as an
 //! in-memory one.
 
-use gpu_graph_engine::filter::Filter;
+use gpu_graph_engine::cfs::Algorithm;
 use gpu_graph_engine::params::BuildParams;
 use gpu_graph_engine::sharded::{Lists, Plan, Rows, SAMPLE};
 use pgrx::pg_sys;
@@ -159,10 +159,10 @@ pub const MIN_SHARD_ROWS: usize = 1000;
 /// most an eighth of the budget; a shard's rows cost their vectors (times
 /// the shards held at once: one for each GPU building and the next one
 /// read), the builder's pools
-/// (`per_row`; with a CFS graph's `filter`, what a shard's CFS refinement
+/// (`per_row`; for a CFS graph (`cfs`), what a shard's CFS refinement
 /// holds besides) and their lists with distances; the merge takes a quarter
-/// of the budget, in whole chunks, and a filtered merge's rows (read back
-/// for `filter`) another quarter: the shards' rows are gone by then. None
+/// of the budget, in whole chunks, and a CFS graph's merge by its filter
+/// (and order) the rows it reads back another quarter: the shards' rows are gone by then. None
 /// when a shard of MIN_SHARD_ROWS does not fit (or the whole build, when
 /// smaller): the least budget, in bytes.
 pub fn plan(
@@ -171,9 +171,9 @@ pub fn plan(
     layout: &Layout,
     params: &BuildParams,
     shards_held: usize,
-    filter: Option<Filter>,
+    cfs: Option<Algorithm>,
 ) -> Result<Plan, usize> {
-    let refine = filter.is_some();
+    let refine = cfs.is_some();
     let ahead = shards_held > 1;
     // each GPU's builder holds its shard's download of lists on the host,
     // and one more is held while a shard's lists are given distances (measured: 20M
@@ -205,7 +205,8 @@ pub fn plan(
         sample,
         assign_batch,
         merge_batch: merge_rows,
-        merge_filter: filter,
+        merge_filter: cfs.map(Algorithm::filter),
+        merge_order: cfs.and_then(Algorithm::order),
         filter_batch,
     })
 }

@@ -70,6 +70,15 @@ impl Algorithm {
             Algorithm::Cagra => Filter::Cagra,
         }
     }
+
+    /// What orders each kept list after the filter: TSDG's (lambda,
+    /// distance) order; None for the others (distance order).
+    pub fn order(self) -> Option<Filter> {
+        match self {
+            Algorithm::Tsdg { max_lambda, .. } => Some(Filter::TsdgOrder { max_lambda }),
+            _ => None,
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -210,10 +219,10 @@ pub fn refine_with<C: CollectRows, F: FilterRows<Error = C::Error>>(
         for (i, list) in over.into_iter().zip(refiltered) {
             rows[i] = list;
         }
-        if let Algorithm::Tsdg { max_lambda, .. } = params.algorithm {
+        if let Some(order) = params.algorithm.order() {
             // TSDG's second stage: each kept list in its (lambda, distance)
             // order, by the same FilterRows (on the GPU when it filters)
-            return filters.filter_rows(Filter::TsdgOrder { max_lambda }, &rows, degree);
+            return filters.filter_rows(order, &rows, degree);
         }
         Ok(rows.into_iter().map(|r| r.into_iter().map(|k| k.0).collect()).collect())
     })?;

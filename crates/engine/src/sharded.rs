@@ -174,6 +174,10 @@ pub struct Plan {
     /// 0.9371 / 0.9741 and 0.8600 / 0.9330 / 0.9742 (filtered without the
     /// fill, NSG's strict rule left short lists: 0.7896 / 0.8917 / 0.9490)
     pub merge_filter: Option<Filter>,
+    /// with `merge_filter`, what orders each merged list after it (TSDG's
+    /// (lambda, distance) order, `cfs::Algorithm::order`): the lists a
+    /// paged TSDG index stores are in the order its searches of a prefix need
+    pub merge_order: Option<Filter>,
     /// nodes whose candidates' rows the filtered merge reads at a time
     /// (each up to twice the degree rows)
     pub filter_batch: usize,
@@ -191,6 +195,7 @@ impl Plan {
             assign_batch: 1 << 20,
             merge_batch: 1 << 16,
             merge_filter: None,
+            merge_order: None,
             filter_batch: 1 << 12,
         }
     }
@@ -253,7 +258,8 @@ pub fn build_in_shards(
     }
     stats.shards_ms = t.elapsed().as_secs_f64() * 1e3;
     let t = Instant::now();
-    let filter = plan.merge_filter.map(|f| (f, plan.filter_batch.max(1)));
+    let filter =
+        plan.merge_filter.map(|f| MergeFilter { filter: f, order: plan.merge_order, step: plan.filter_batch.max(1) });
     merge(&shards, lists, degree, plan.merge_batch.max(1), merged, rows, filter);
     stats.merge_ms = t.elapsed().as_secs_f64() * 1e3;
     Some((entry, stats))
@@ -323,7 +329,7 @@ fn merge(
     batch: usize,
     merged: &mut dyn FnMut(usize, &[u32]),
     rows: &mut dyn Rows,
-    filter: Option<(Filter, usize)>,
+    filter: Option<MergeFilter>,
 ) {
     let n = shards.iter().flat_map(|s| s.last()).max().map_or(0, |&m| m as usize + 1);
     for first in (0..n).step_by(batch) {
@@ -356,7 +362,8 @@ fn merge(
                 cands.extend(list.iter().take_while(|e| e.0 != NO_NODE).map(|&(id, d)| (d, id)));
             }
         };
-        if let Some((filter, step)) = filter {
+        if let Some(filter) = filter {
+            let step = filter.step;
             for lo in (0..last - first).step_by(step) {
                 let hi = (lo + step).min(last - first);
                 let unions: Vec<Vec<(f32, u32)>> = (lo..hi)
@@ -384,17 +391,26 @@ fn merge(
     }
 }
 
+/// A filtered merge's rule ([`Plan::merge_filter`], [`Plan::merge_order`])
+/// and its step (nodes whose candidates' rows are read at a time).
+#[derive(Clone, Copy)]
+struct MergeFilter {
+    filter: Filter,
+    order: Option<Filter>,
+    step: usize,
+}
+
 /// The lists of nodes `first..` from their (distance, id) `unions`: each
 /// union without the node and repeats, in ascending distance, filtered by
 /// `filter` over its candidates' rows (read here, once for the step), then
 /// filled up to the degree with the nearest candidates the filter dropped
 /// (a union filtered whole may keep fewer than either shard's list had:
 /// NSG's strict rule did, 0.07 below the distance cut at ef 10), written
-/// NO_NODE-padded to `out`.
+/// NO_NODE-padded to `out` in ascending distance, or in `filter.order`.
 fn filtered_union(
     first: usize,
     unions: &[Vec<(f32, u32)>],
-    filter: Filter,
+    filter: MergeFilter,
     degree: usize,
     rows: &mut dyn Rows,
     out: &mut [u32],
@@ -412,17 +428,25 @@ fn filtered_union(
         cands.sort_unstable_by_key(|c| c.0);
         cands.dedup_by_key(|c| c.0);
         cands.sort_unstable_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)));
-        let mut rows_of = Vec::with_capacity(cands.len() * dim);
-        for c in &cands {
-            let at = need.binary_search(&c.0).expect("every candidate's row was read");
-            rows_of.extend_from_slice(&vectors[at * dim..(at + 1) * dim]);
-        }
-        let mut kept = filter.apply(&cands, &rows_of, dim, degree);
+        let rows_of = |list: &[(u32, f32)]| {
+            let mut r = Vec::with_capacity(list.len() * dim);
+            for c in list {
+                let at = need.binary_search(&c.0).expect("every candidate's row was read");
+                r.extend_from_slice(&vectors[at * dim..(at + 1) * dim]);
+            }
+            r
+        };
+        let mut kept = filter.filter.apply(&cands, &rows_of(&cands), dim, degree);
         if kept.len() < degree {
             let mut taken: Vec<u32> = kept.iter().map(|k| k.0).collect();
             taken.sort_unstable();
             kept.extend(cands.iter().filter(|c| taken.binary_search(&c.0).is_err()).take(degree - kept.len()));
             kept.sort_unstable_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)));
+        }
+        if let Some(order) = filter.order {
+            // the kept list (ascending) in the graph's order, as a whole
+            // build's refinement leaves it
+            kept = order.apply(&kept, &rows_of(&kept), dim, degree);
         }
         o.fill(NO_NODE);
         for (slot, k) in o.iter_mut().zip(&kept) {
@@ -641,14 +665,18 @@ mod tests {
         }
     }
 
-    /// A Vamana graph built in shards refined one by one (the paged build's
-    /// way) keeps the recall of the Vamana graph built whole.
+    /// A Vamana, CAGRA or TSDG graph built in shards refined one by one
+    /// (the paged build's way) keeps the recall of the graph built whole;
+    /// a TSDG graph's merged lists are in its (lambda, distance) order.
     #[test]
     fn refined_shards_keep_the_whole_cfs_graphs_recall() {
         let n = 12_000;
         let (base, queries, dim) = sift(n, 200);
         let params = BuildParams::default();
-        for algorithm in [cfs::Algorithm::Vamana { alpha: 1.2 }, cfs::Algorithm::Cagra] {
+        // lambda 128 (the default) drops no edge at degree 32: ordering a
+        // list again then leaves it as it is, which the check below needs
+        let tsdg = cfs::Algorithm::Tsdg { alpha: 1.2, max_lambda: 128 };
+        for algorithm in [cfs::Algorithm::Vamana { alpha: 1.2 }, cfs::Algorithm::Cagra, tsdg] {
             let cfs = CfsParams { algorithm, degree: params.degree, pool: 64 };
             let start =
                 rnn_descent::build_in(&base, dim, &params, cfs::START_ORDER, &mut |_: usize, _: usize| true).unwrap();
@@ -670,7 +698,8 @@ mod tests {
                 };
                 let mut adjacency = vec![NO_NODE; n * params.degree];
                 // a few nodes' candidates at a time: the merge's steps
-                let plan = Plan { merge_filter, filter_batch: 100, ..Plan::in_memory(&params, n / 16) };
+                let merge_order = merge_filter.and(algorithm.order());
+                let plan = Plan { merge_filter, merge_order, filter_batch: 100, ..Plan::in_memory(&params, n / 16) };
                 let (entry, stats) = build_in_shards(
                     &mut InMemory { vectors: &base, dim },
                     &mut ListsInMemory::new(params.degree),
@@ -684,6 +713,23 @@ mod tests {
                 .unwrap();
                 assert!(stats.shards >= 8, "{stats:?}");
                 assert!(refined >= 2 * stats.shards, "every shard refined ({refined} steps)");
+                if let Some(order) = merge_order {
+                    // each list as the order leaves it: the same list sorted
+                    // by distance and ordered again comes back unchanged
+                    let mut unordered = 0;
+                    for (v, list) in adjacency.chunks_exact(params.degree).enumerate() {
+                        let row = |u: u32| &base[u as usize * dim..(u as usize + 1) * dim];
+                        let ids: Vec<u32> = list.iter().copied().take_while(|&u| u != NO_NODE).collect();
+                        let mut cands: Vec<(u32, f32)> =
+                            ids.iter().map(|&u| (u, l2sq(row(v as u32), row(u)))).collect();
+                        cands.sort_unstable_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)));
+                        let rows: Vec<f32> = cands.iter().flat_map(|c| row(c.0).iter().copied()).collect();
+                        let again: Vec<u32> =
+                            order.apply(&cands, &rows, dim, params.degree).iter().map(|c| c.0).collect();
+                        unordered += usize::from(again != ids);
+                    }
+                    assert_eq!(unordered, 0, "{algorithm:?}: lists out of the graph's order");
+                }
                 let mut sharded = Graph { degree: params.degree, adjacency, entry: Some(entry) };
                 crate::merge::ensure_reachable(&mut sharded, &base, dim);
                 by.push([10, 20, 40].map(|ef| recall(&base, dim, sharded.clone(), &queries, ef)));

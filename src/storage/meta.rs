@@ -138,6 +138,11 @@ impl Meta {
         self.cfs().map_or(Filter::Rng, Algorithm::filter)
     }
 
+    /// What orders the lists the filter keeps: TSDG's lambda order.
+    pub fn order(&self) -> Option<Filter> {
+        self.cfs().and_then(Algorithm::order)
+    }
+
     /// Records the CFS graph the index is built as (None: rnn_descent).
     pub fn set_cfs(&mut self, cfs: Option<&CfsParams>) {
         let Some(c) = cfs else { return };

@@ -35,8 +35,9 @@ pub struct PageStore {
     /// inner product's pinned outliers as the meta page named them when the
     /// store was made (a scan's store lives one scan)
     pinned: Vec<u32>,
-    /// the graph's filter, for inserts and VACUUM's repair
+    /// the graph's filter and order, for inserts and VACUUM's repair
     filter: Filter,
+    order: Option<Filter>,
 }
 
 impl PageStore {
@@ -51,6 +52,7 @@ impl PageStore {
             known: Cell::new(meta.node_count),
             pinned: meta.pinned().collect(),
             filter: meta.filter(),
+            order: meta.order(),
         }
     }
 
@@ -176,6 +178,9 @@ impl GraphView for PageStore {
     }
     fn filter(&self) -> Filter {
         self.filter
+    }
+    fn order(&self) -> Option<Filter> {
+        self.order
     }
     fn visit<F: FnOnce(&[f32]) -> f32>(&self, node: u32, dist: F) -> Option<Visit> {
         // SAFETY: `rel` is open (PageStore::new's contract); the view lives

@@ -63,11 +63,29 @@ impl Candidates {
         self.cands.is_empty()
     }
 
-    /// The `limit` nearest (ties by id), kept by `filter`, at most `degree`.
-    /// `ids` must have been distinct.
-    pub fn filter(self, filter: Filter, limit: usize, degree: usize) -> Vec<(u32, f32)> {
+    /// What a graph keeps of the `limit` nearest (ties by id; `ids` must
+    /// have been distinct): its `filter`'s list, at most `degree`, then in
+    /// its `order` where it has one ([`GraphView::order`], TSDG's:
+    /// a list an insert or repair rewrites stays in the order a batch's
+    /// prefix search needs).
+    pub fn keep(self, filter: Filter, order: Option<Filter>, limit: usize, degree: usize) -> Vec<(u32, f32)> {
         let (cands, vectors) = self.nearest(limit);
-        filter.apply(&cands, &vectors, self.dim, degree)
+        let kept = filter.apply(&cands, &vectors, self.dim, degree);
+        let Some(order) = order else { return kept };
+        // the kept candidates' vectors, in the kept (ascending) order
+        let mut rows = Vec::with_capacity(kept.len() * self.dim);
+        for k in &kept {
+            let i = cands.iter().position(|c| c.0 == k.0).expect("a kept candidate is a candidate");
+            rows.extend_from_slice(&vectors[i * self.dim..(i + 1) * self.dim]);
+        }
+        order.apply(&kept, &rows, self.dim, degree)
+    }
+
+    /// All of them in `order` (no filter: a list with room that takes one
+    /// more neighbour keeps every one, in the graph's order).
+    pub fn ordered(self, order: Filter, degree: usize) -> Vec<(u32, f32)> {
+        let (cands, vectors) = self.nearest(usize::MAX);
+        order.apply(&cands, &vectors, self.dim, degree)
     }
 
     /// The `limit` nearest (ties by id) in ascending distance, with their

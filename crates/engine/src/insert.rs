@@ -56,8 +56,9 @@ pub fn insert_near<G: GraphMut>(
             let mut search = Search::new(store, Metric::L2, stored);
             search.next_round(store, ef_construction.max(degree)).iter().map(|h| h.node).collect()
         });
-        let kept = Candidates::collect(store, stored, nodes.into_iter().filter(|&n| n != id)).filter(
+        let kept = Candidates::collect(store, stored, nodes.into_iter().filter(|&n| n != id)).keep(
             store.filter(),
+            store.order(),
             usize::MAX,
             degree,
         );
@@ -88,24 +89,26 @@ pub fn insert_near<G: GraphMut>(
 }
 
 /// Adds `id` to `n`'s list: appended if there is room, else `n`'s list
-/// plus `id` is re-pruned (which may leave `id` out).
+/// plus `id` is re-pruned (which may leave `id` out). In a graph with an
+/// order (TSDG's), a list with room takes `id` in that order instead.
 fn link_back<G: GraphMut>(store: &G, n: u32, id: u32) {
     let degree = store.degree();
+    let order = store.order();
     let mut current = Vec::new();
     loop {
-        let mut full = false;
+        let mut recompute = false;
         store.update_neighbors(n, &mut |list| {
             if list.contains(&id) {
                 return false;
             }
-            if list.len() < degree {
+            if list.len() < degree && order.is_none() {
                 list.push(id);
                 return true;
             }
-            full = true;
+            recompute = true;
             false
         });
-        if !full {
+        if !recompute {
             return;
         }
         store.neighbors(n, &mut current);
@@ -119,12 +122,13 @@ fn link_back<G: GraphMut>(store: &G, n: u32, id: u32) {
         if v.deleted || current.contains(&id) {
             return;
         }
-        let ids = current.iter().copied().chain([id]);
-        let pruned: Vec<u32> = Candidates::collect(store, &own, ids)
-            .filter(store.filter(), usize::MAX, degree)
-            .iter()
-            .map(|k| k.0)
-            .collect();
+        let room = current.len() < degree;
+        let cands = Candidates::collect(store, &own, current.iter().copied().chain([id]));
+        let kept = match order {
+            Some(order) if room => cands.ordered(order, degree),
+            _ => cands.keep(store.filter(), order, usize::MAX, degree),
+        };
+        let pruned: Vec<u32> = kept.iter().map(|k| k.0).collect();
         if store.replace_neighbors_if(n, &current, &pruned) {
             return;
         }

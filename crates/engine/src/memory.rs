@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
 
 use parking_lot::{Mutex, RwLock, RwLockReadGuard};
 
+use crate::filter::Filter;
 use crate::flat::FlatIndex;
 use crate::node::{DELETED, FREE, LIVE};
 use crate::store::{GraphMut, GraphView, Visit};
@@ -33,6 +34,10 @@ pub struct MemoryStore {
     /// NO_NODE when there is none
     entry: AtomicU32,
     free_slots: Mutex<Vec<u32>>,
+    /// the rule inserts and repair keep lists by ([`GraphView::filter`],
+    /// [`GraphView::order`]): RNN-Descent's unless [`MemoryStore::with_rule`]
+    filter: Filter,
+    order: Option<Filter>,
 }
 
 impl MemoryStore {
@@ -45,6 +50,8 @@ impl MemoryStore {
             nodes: RwLock::new(nodes),
             entry: AtomicU32::new(NO_NODE),
             free_slots: Mutex::new(Vec::new()),
+            filter: Filter::Rng,
+            order: None,
         }
     }
 
@@ -61,7 +68,15 @@ impl MemoryStore {
             nodes: RwLock::new(nodes),
             entry: AtomicU32::new(graph.entry.unwrap_or(NO_NODE)),
             free_slots: Mutex::new(free),
+            filter: Filter::Rng,
+            order: None,
         }
+    }
+
+    /// The store with a CFS graph's rule for inserts and repair (its
+    /// filter, and TSDG's order: `cfs::Algorithm::filter`, `order`).
+    pub fn with_rule(self, filter: Filter, order: Option<Filter>) -> MemoryStore {
+        MemoryStore { filter, order, ..self }
     }
 
     fn read(&self) -> RwLockReadGuard<'_, Nodes> {
@@ -81,6 +96,12 @@ impl GraphView for MemoryStore {
     }
     fn entry(&self) -> Option<u32> {
         Some(self.entry.load(Ordering::Acquire)).filter(|&e| e != NO_NODE)
+    }
+    fn filter(&self) -> Filter {
+        self.filter
+    }
+    fn order(&self) -> Option<Filter> {
+        self.order
     }
     fn visit<F: FnOnce(&[f32]) -> f32>(&self, node: u32, dist: F) -> Option<Visit> {
         let nodes = self.read();

@@ -65,7 +65,7 @@ pub fn repair_from<G: GraphMut, S: GraphView + Sync>(
     let dead: IdSet = deleted.iter().copied().collect();
     let degree = snapshot.degree();
     // the store's rule (the copy is only vectors and lists)
-    let filter = store.filter();
+    let (filter, order) = (store.filter(), store.order());
     let mut stats = RepairStats::default();
     let n = snapshot.node_count();
     for start in (0..n).step_by(batch.max(1)) {
@@ -89,7 +89,7 @@ pub fn repair_from<G: GraphMut, S: GraphView + Sync>(
                 })?;
                 let ids = candidates(snapshot, v, &current, &dead);
                 let list = Candidates::collect_nearest(snapshot, &own, ids, CANDIDATE_FACTOR * degree)
-                    .filter(filter, CANDIDATE_FACTOR * degree, degree)
+                    .keep(filter, order, CANDIDATE_FACTOR * degree, degree)
                     .iter()
                     .map(|k| k.0)
                     .collect();
@@ -266,7 +266,7 @@ fn rebuild<G: GraphMut>(store: &G, v: u32, dead: &IdSet) -> bool {
         }
         let ids = candidates(store, v, &current, dead);
         let list: Vec<u32> = Candidates::collect_nearest(store, &own, ids, CANDIDATE_FACTOR * degree)
-            .filter(store.filter(), CANDIDATE_FACTOR * degree, degree)
+            .keep(store.filter(), store.order(), CANDIDATE_FACTOR * degree, degree)
             .iter()
             .map(|k| k.0)
             .collect();

@@ -29,6 +29,12 @@ pub trait GraphView {
     fn filter(&self) -> crate::filter::Filter {
         crate::filter::Filter::Rng
     }
+    /// What puts a list the filter kept in the graph's order (TSDG's
+    /// lambda order, which a batch's prefix search needs); None: the
+    /// filter's distance order.
+    fn order(&self) -> Option<crate::filter::Filter> {
+        None
+    }
     /// Every node's list, `degree` slots each padded with NO_NODE: what a
     /// walk over the whole graph reads (a store may read it page by page).
     fn adjacency(&self) -> Vec<u32> {

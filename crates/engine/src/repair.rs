@@ -213,7 +213,8 @@ pub fn relink<G: GraphMut>(store: &G, walk: Walk) -> usize {
 }
 
 /// Puts `u` into `r`'s list where its distance `d` to `r` places it (lists
-/// are nearest first), dropping the farthest entry when the list is full.
+/// are nearest first), dropping the farthest entry when the list is full;
+/// in a graph with an order (TSDG's), the list then in that order.
 fn link_at_distance<G: GraphMut>(store: &G, r: u32, u: u32, d: f32) {
     let degree = store.degree();
     let (mut read, mut own) = (Vec::new(), Vec::new());
@@ -239,6 +240,18 @@ fn link_at_distance<G: GraphMut>(store: &G, r: u32, u: u32, d: f32) {
         let mut new = read.clone();
         new.insert(at.min(degree - 1), u);
         new.truncate(degree);
+        if let Some(order) = store.order() {
+            // in the graph's order (TSDG's), unless that order drops the
+            // link (its lambda over the limit): the link is what matters
+            let ordered: Vec<u32> = Candidates::collect(store, &own, new.iter().copied())
+                .ordered(order, degree)
+                .iter()
+                .map(|k| k.0)
+                .collect();
+            if ordered.contains(&u) {
+                new = ordered;
+            }
+        }
         if store.replace_neighbors_if(r, &read, &new) {
             return;
         }

@@ -101,6 +101,21 @@ fn detours(cands: &[(u32, f32)], vectors: &[f32], dim: usize) -> Vec<usize> {
         .collect()
 }
 
+/// Whether node list `ids` is in `order` (`own`: the node's stored vector,
+/// `row`: any node's): sorted by distance and ordered again it comes back
+/// unchanged. Exact where the order drops no edge (TSDG's lambda at least
+/// the list's length); how the tests check a TSDG graph's lists.
+pub fn in_order(order: Filter, own: &[f32], ids: &[u32], row: &dyn Fn(u32) -> Vec<f32>) -> bool {
+    let rows: Vec<Vec<f32>> = ids.iter().map(|&u| row(u)).collect();
+    let mut at: Vec<usize> = (0..ids.len()).collect();
+    let dist: Vec<f32> = rows.iter().map(|r| graph_distance(own, r)).collect();
+    at.sort_unstable_by(|&a, &b| dist[a].total_cmp(&dist[b]).then(ids[a].cmp(&ids[b])));
+    let cands: Vec<(u32, f32)> = at.iter().map(|&i| (ids[i], dist[i])).collect();
+    let vectors: Vec<f32> = at.iter().flat_map(|&i| rows[i].iter().copied()).collect();
+    let again = order.apply(&cands, &vectors, own.len(), ids.len());
+    again.iter().map(|c| c.0).eq(ids.iter().copied())
+}
+
 /// TSDG's second stage on one list (ascending distance, `vectors` its
 /// stored vectors): each edge's lambda, how many other edges of the list
 /// occlude it at alpha 1 (a nearer neighbour k with d(k, c) < d(v, c));

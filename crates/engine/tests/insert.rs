@@ -5,11 +5,11 @@ mod common;
 
 use common::*;
 use gpu_graph_engine::cfs::{refine, Algorithm, CfsParams, START_ORDER};
-use gpu_graph_engine::filter::Filter;
+use gpu_graph_engine::filter::{in_order, Filter};
 use gpu_graph_engine::flat::FlatIndex;
 use gpu_graph_engine::insert::{insert, insert_near};
 use gpu_graph_engine::memory::MemoryStore;
-use gpu_graph_engine::metric::{graph_distance, Metric};
+use gpu_graph_engine::metric::Metric;
 use gpu_graph_engine::params::BuildParams;
 use gpu_graph_engine::repair::repair;
 use gpu_graph_engine::rnn_descent::build_in;
@@ -119,11 +119,9 @@ fn insert_near_given_neighbours() {
     check(&store, &all, &queries, &ids);
 }
 
-/// Lists of live nodes that TSDG's order (`order`) would put otherwise:
-/// each list sorted by distance and ordered again must come back as it is
-/// (exact where the order drops no edge: lambda at least the degree).
+/// Lists of live nodes that TSDG's order (`order`) would put otherwise
+/// (`filter::in_order`).
 fn out_of_order(store: &MemoryStore, order: Filter) -> usize {
-    let (mut bad, mut list) = (0, Vec::new());
     let row = |u: u32| {
         let mut x = Vec::new();
         store.visit(u, |v| {
@@ -132,19 +130,14 @@ fn out_of_order(store: &MemoryStore, order: Filter) -> usize {
         });
         x
     };
-    for v in 0..store.node_count() {
-        if store.visit(v, |_| 0.0).is_none_or(|s| s.deleted) {
-            continue;
-        }
-        let own = row(v);
-        store.neighbors(v, &mut list);
-        let mut cands: Vec<(u32, f32)> = list.iter().map(|&u| (u, graph_distance(&own, &row(u)))).collect();
-        cands.sort_unstable_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)));
-        let rows: Vec<f32> = cands.iter().flat_map(|c| row(c.0)).collect();
-        let again: Vec<u32> = order.apply(&cands, &rows, own.len(), store.degree()).iter().map(|c| c.0).collect();
-        bad += usize::from(again != list);
-    }
-    bad
+    let mut list = Vec::new();
+    (0..store.node_count())
+        .filter(|&v| store.visit(v, |_| 0.0).is_some_and(|s| !s.deleted))
+        .filter(|&v| {
+            store.neighbors(v, &mut list);
+            !in_order(order, &row(v), &list, &row)
+        })
+        .count()
 }
 
 /// A TSDG graph's rule in the store (Vamana's alpha, then the lambda

@@ -97,6 +97,8 @@ PY
 probe() { PGOPTIONS="-c gpu_graph.search_device=$1 -c gpu_graph.ef_search=20" q -f $w/probe.sql >"$2"; }
 # CPU seconds (user + system) of a process, and of the machine (busy, all)
 proc_cpu() { awk '{print ($14 + $15) / 100}' "/proc/$1/stat"; }
+# the server's WAL bytes, full-page images and checkpoints so far
+wal() { q -F ' ' -c "SELECT w.wal_bytes::bigint, w.wal_fpi, b.checkpoints_timed + b.checkpoints_req FROM pg_stat_wal w, pg_stat_bgwriter b"; }
 busy() { awk '/^cpu / {print $2 + $3 + $4 + $7 + $8, $2 + $3 + $4 + $5 + $6 + $7 + $8}' /proc/stat; }
 # what the worker waits on, sampled every 20 ms through one connection
 for _ in $(seq 1 $((secs * 40))); do
@@ -129,7 +131,7 @@ for c in ${CLIENTS:-64}; do
     f0=$(fallbacks); n0=$(stats residency,patches); r0=$(stats residency,patch_read_ms); l0=$(stats residency,slow_syncs)
     k0=$(stats requests,work_ms); ans0=$(stats requests,answered)
     tk0=$(stats requests,take_ms); pr0=$(stats requests,progress_ms); wk0=$(stats requests,wake_ms)
-    c0=$(proc_cpu "$pid"); read -r b0 a0 < <(busy)
+    c0=$(proc_cpu "$pid"); read -r b0 a0 < <(busy); read -r wb0 wf0 ck0 < <(wal)
     writers=(); vacuums=0
     case $mode in
       0) ;;
@@ -152,7 +154,7 @@ for c in ${CLIENTS:-64}; do
       { cat "$w/search_$name.log"; fail "pgbench $name"; }
     for p in "${writers[@]}"; do wait "$p" || { cat "$w/writes_$name.log"; fail "writes $name"; }; done
     [ "$mode" = del ] && vacuums=$(cat $w/vacuums)
-    read -r b1 a1 < <(busy); c1=$(proc_cpu "$pid")
+    read -r b1 a1 < <(busy); c1=$(proc_cpu "$pid"); read -r wb1 wf1 ck1 < <(wal)
     tps=$(awk '/^tps/ {printf "%.0f", $3}' "$w/search_$name.log")
     wtps=0; wlat=-
     if [ "$mode" != 0 ]; then
@@ -186,6 +188,10 @@ for c in ${CLIENTS:-64}; do
         u = a ? 1000 / a : 0
         printf "%s: the worker thread per request answered (us): busy %.2f, taking %.2f, answering %.2f, of which waking %.2f (%d answered)\n",
           n, (w - w0) * u, (t - t0) * u, (p - p0) * u, (k - k0) * u, a }' | tee -a "$out/thread.txt"
+    # the server's WAL over the point: a checkpoint in it makes the next
+    # change of every page a full-page image (an insert changes ~35 pages)
+    awk -v n="$name" -v b="$((wb1 - wb0))" -v f="$((wf1 - wf0))" -v k="$((ck1 - ck0))" -v s="$secs" 'BEGIN {
+        printf "%s: WAL %.1f MB/s, %.0f full-page images/s, %d checkpoints\n", n, b / s / 1e6, f / s, k }' | tee -a "$out/thread.txt"
     [ $(($(stats residency,log_overflows) - o0)) = 0 ] || echo "  $name: the change log overflowed $(($(stats residency,log_overflows) - o0)) times"
     # `max` measures where the index's inserts top out, not a rate the
     # worker is held to

@@ -133,6 +133,9 @@ struct FilterParams {
 // GG_MAX_BEAM_ROWS ids per lane.
 #define GG_MAX_BEAM_ROWS 8u
 #define GG_CAND_CAP 256u
+// Start nodes of one query (RequestHead.seeds): a CTA's share and the entry
+// point fit one round of GG_CAND_CAP claims.
+#define GG_MAX_SEEDS 255u
 // Loads in flight per lane of a distance: a row of `chunks` 16-byte chunks
 // takes the smallest power of two G of lanes with chunks <= GG_DIST_UNROLL * G.
 #define GG_DIST_UNROLL 16u
@@ -181,7 +184,7 @@ struct RequestHead {
     u32 max_expand;   // iteration cap: expansions per CTA
     u32 offset_beam;  // beam extend from this list position on
     u32 beam;         // candidates expanded per step after that
-    u32 seeds;        // random start nodes per CTA (at most 31)
+    u32 seeds;        // start nodes spread over the ids, all CTAs (at most GG_MAX_SEEDS)
     u32 qwords;       // floats of the query that follow
     u32 pad[5];
 };

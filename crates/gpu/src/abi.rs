@@ -87,6 +87,7 @@ abi_consts! {
     OUT_BAD_INDEX: u32 = 0xFFFF_FFFF;
     MAX_BEAM_ROWS: u32 = 8;
     CAND_CAP: u32 = 256;
+    MAX_SEEDS: u32 = 255;
     DIST_UNROLL: u32 = 16;
     METRIC_L2: u32 = 0;
     METRIC_IP: u32 = 1;

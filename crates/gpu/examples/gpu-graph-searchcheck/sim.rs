@@ -30,7 +30,7 @@ pub fn run(data: &Data, params: &BuildParams, efs: &[usize], pol: Pol, variants:
             let res: Vec<(Vec<f64>, SimStats)> = (0..queries.len())
                 .into_par_iter()
                 .map(|q| {
-                    let (h, st) = simulate(&ix, queries.row(q), K, &plan, q as u64);
+                    let (h, st) = simulate(&ix, queries.row(q), K, &plan);
                     (h.iter().map(|x| Metric::L2.to_sql(x.0)).collect(), st)
                 })
                 .collect();

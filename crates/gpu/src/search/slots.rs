@@ -292,7 +292,7 @@ impl Slots {
             max_expand: plan.max_expand.max(1),
             offset_beam: plan.offset_beam,
             beam: plan.beam_width.max(1),
-            seeds: plan.seeds.min(31),
+            seeds: plan.seeds.min(abi::MAX_SEEDS),
             qwords: res.fmt.qwords as u32,
             pad: [0; 5],
         };

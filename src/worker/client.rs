@@ -31,7 +31,7 @@ use super::batch_area::Area;
 use super::outcome::Outcome;
 use super::ring::{Reply, Request, Slot, MAX_HITS, MAX_QUERY_DIM};
 use super::shmem::{shared, Shared};
-use super::stats::{add, counters, record};
+use super::stats::{add, counters, record, record_batch_fallback};
 use super::{nap, set_latch};
 use crate::gucs::{SearchDevice, GPU_TIMEOUT, INJECT_FAULT, SEARCH_DEVICE, WORKER_DELAY, WORKER_SPIN};
 use crate::storage::meta::Meta;
@@ -354,7 +354,7 @@ pub unsafe fn batch_first_rounds(
         // a worker that took the segment may still write answers into it
         // (a timeout): the next segment of queries gets a new one
         call.area = None;
-        add(&c.batches_cpu, 1);
+        record_batch_fallback(o);
         pgrx::debug1!("gpu_graph: a batch of {n} queries searches on the CPU: the worker answered {o:?}");
         return None;
     }

@@ -77,10 +77,11 @@ pub struct Counters {
     /// 10 ms (the requests taken wait for them)
     pub slow_syncs: AtomicU64,
     /// batches (gpu_graph_search_batch, a segment of queries each) that
-    /// asked the worker, those searched on the CPU instead, the queries the
-    /// worker answered, and its time on them (take to answer)
+    /// asked the worker, those searched on the CPU instead by [`Outcome`]
+    /// (why not answered), the queries the worker answered, and its time
+    /// on them (take to answer)
     pub batches: AtomicU64,
-    pub batches_cpu: AtomicU64,
+    batch_fallbacks: [AtomicU64; Outcome::ALL.len()],
     pub batch_queries: AtomicU64,
     pub batch_us: AtomicU64,
     /// of which: attaching the segment, preparing and sending the queries;
@@ -122,7 +123,7 @@ impl Counters {
             patch_read_us: AtomicU64::new(0),
             slow_syncs: AtomicU64::new(0),
             batches: AtomicU64::new(0),
-            batches_cpu: AtomicU64::new(0),
+            batch_fallbacks: [const { AtomicU64::new(0) }; Outcome::ALL.len()],
             batch_queries: AtomicU64::new(0),
             batch_us: AtomicU64::new(0),
             batch_start_us: AtomicU64::new(0),
@@ -152,6 +153,12 @@ pub fn record(outcome: Outcome) {
     if outcome != Outcome::Answered {
         add(&c.scans_cpu, 1);
     }
+}
+
+/// Counts a batch segment that the worker did not answer (searched on the
+/// CPU instead), by why.
+pub fn record_batch_fallback(outcome: Outcome) {
+    add(&counters().batch_fallbacks[outcome.index()], 1);
 }
 
 fn get(c: &AtomicU64) -> u64 {
@@ -330,9 +337,10 @@ struct Requests {
 #[derive(Serialize)]
 struct Batches {
     /// segments of gpu_graph_search_batch's queries that asked the worker,
-    /// and those searched on the CPU instead
+    /// those searched on the CPU instead, and why (as for scans)
     asked: u64,
     cpu: u64,
+    fallbacks: BTreeMap<&'static str, u64>,
     /// queries the worker answered, its time on them and queries/s
     queries: u64,
     worker_ms: f64,
@@ -433,7 +441,8 @@ fn gpu_graph_worker_stats() -> JsonB {
         },
         batches: Batches {
             asked: get(&c.batches),
-            cpu: get(&c.batches_cpu),
+            cpu: c.batch_fallbacks.iter().map(get).sum(),
+            fallbacks: Outcome::ALL[1..].iter().map(|&o| (o.name(), get(&c.batch_fallbacks[o.index()]))).collect(),
             queries: get(&c.batch_queries),
             worker_ms: get(&c.batch_us) as f64 / 1000.0,
             worker_queries_per_s: mean(get(&c.batch_queries) * 1_000_000, get(&c.batch_us)),

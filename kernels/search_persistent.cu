@@ -326,6 +326,20 @@ struct Lists {
     u32 cnt;
 };
 
+// The ms survivors (cd, ci)[0..ms) merged into the list, 32 at a time.
+__device__ __forceinline__ void merge_all(Lists& L, u32 cap, const float* cd, const u32* ci, u32 ms, u32 lane) {
+    for (u32 b = 0; b < ms; b += 32) {
+        const u32 c = ms - b < 32 ? ms - b : 32;
+        L.cnt = merge_unsorted(L.ad, L.ai, L.cnt, L.bd, L.bi, cap, cd + b, ci + b, c, lane);
+        float* td = L.ad;
+        L.ad = L.bd;
+        L.bd = td;
+        u32* ti = L.ai;
+        L.ai = L.bi;
+        L.bi = ti;
+    }
+}
+
 // Distances of the m new ids in ci, then the ones nearer than the list's
 // last entry merged into the list, 32 at a time.
 __device__ __forceinline__ void absorb(const IndexDesc& ix, const float* q, u32* ci, float* cd, u32 m, Lists& L,
@@ -360,17 +374,25 @@ __device__ __forceinline__ void absorb(const IndexDesc& ix, const float* q, u32*
         __syncwarp();
     }
     __syncwarp();
-    for (u32 b = 0; b < ms; b += 32) {
-        const u32 c = ms - b < 32 ? ms - b : 32;
-        L.cnt = merge_unsorted(L.ad, L.ai, L.cnt, L.bd, L.bi, cap, cd + b, ci + b, c, lane);
-        float* td = L.ad;
-        L.ad = L.bd;
-        L.bd = td;
-        u32* ti = L.ai;
-        L.ai = L.bi;
-        L.bi = ti;
-    }
+    merge_all(L, cap, cd, ci, ms, lane);
     ph.merge += cycles() - t1;
+}
+
+// Whether node `id` (< n: a node; else none) is this query's to measure,
+// given what the atomicMax of (gen, id) on its home slot `h` returned.
+__device__ __forceinline__ bool claimed(u64* table, u32 mask, u32 gen, u32 n, u32 id, u32 h, u64 got) {
+    if (id >= n) return false;
+    const u64 key = ((u64)gen << 32) | (u64)id;
+    if ((u32)(got >> 32) != gen) return true;  // took an older query's slot
+    if (got == key) return false;               // visited
+    const u32 h1 = (h + 1) & mask;
+    if (got < key) {
+        // took the slot of another node of this query: it moves on along
+        // its probe sequence
+        visit_claim(table, mask, gen, (u32)got, h1, ld_relaxed_u64(table + h1));
+        return true;
+    }
+    return visit_claim(table, mask, gen, id, h1, ld_relaxed_u64(table + h1));
 }
 
 // Claims the unvisited ones among up to CAND_CAP ids produced by src(e) for
@@ -425,30 +447,86 @@ __device__ __forceinline__ u32 claim_batch(u64* table, u32 mask, u32 gen, u32 n,
 #pragma unroll
     for (u32 u = 0; u < MAX_R; u++) {
         if (u * 32 >= total) break;
-        bool fresh = false;
-        const u32 id = ids[u] & ID_MASK;
-        if (id < n) {
-            const u64 key = ((u64)gen << 32) | (u64)id;
-            if ((u32)(got[u] >> 32) != gen) {
-                fresh = true;  // took an older query's slot
-            } else if (got[u] != key) {
-                const u32 h1 = (hs[u] + 1) & mask;
-                if (got[u] < key) {
-                    // took the slot of another node of this query: it
-                    // moves on along its probe sequence
-                    fresh = true;
-                    visit_claim(table, mask, gen, (u32)got[u], h1, ld_relaxed_u64(table + h1));
-                } else {
-                    fresh = visit_claim(table, mask, gen, id, h1, ld_relaxed_u64(table + h1));
-                }
-            }
-        }
+        const bool fresh = claimed(table, mask, gen, n, ids[u] & ID_MASK, hs[u], got[u]);
         const u32 bal = __ballot_sync(FULL_MASK, fresh);
         if (fresh) ci[m + __popc(bal & lanemask_lt())] = ids[u];
         m += __popc(bal);
     }
     __syncwarp();
     return m;
+}
+
+// A step whose ids all fit SPEC_ROWS passes of the distance loop (SIFT's
+// two-line rows: a beam-1 step's 32 neighbours in one pass): their rows
+// are measured while their claims are in flight, visited ones too, and
+// the claims' answers are looked at only after. One round trip a step
+// fewer (ids, then claims and rows together, against ids, claims, rows);
+// a visited neighbour's distance is computed for nothing, inside a pass
+// that runs anyway. Wider steps (beam extend, wide rows) would add passes
+// of rows, each a round trip: they claim first (claim_batch). Returns the
+// fresh ids, merged into the list when nearer than its last entry.
+#ifndef GG_SPEC_ROWS
+#define GG_SPEC_ROWS 1u
+#endif
+#define SPEC_ROWS GG_SPEC_ROWS
+template <typename Src>
+__device__ __forceinline__ u32 step_spec(const IndexDesc& ix, const float* q, u64* table, u32 mask, u32 gen,
+                                         u32 total, Src src, u32* ci, float* cd, Lists& L, u32 cap, Phases& ph,
+                                         u32 lane) {
+    const u64 t0 = cycles();
+    u32 ids[SPEC_ROWS];
+    u64 got[SPEC_ROWS];
+    u32 hs[SPEC_ROWS];
+#pragma unroll
+    for (u32 u = 0; u < SPEC_ROWS; u++) {
+        const u32 e = u * 32 + lane;
+        ids[u] = e < total ? src(e) : NO_NODE;
+    }
+#pragma unroll
+    for (u32 u = 0; u < SPEC_ROWS; u++) {
+        const u32 e = u * 32 + lane;
+        const u32 id = ids[u] & ID_MASK;
+        hs[u] = 0;
+        got[u] = 0;
+        if (id < ix.n) {
+            hs[u] = hash32(id) & mask;
+            got[u] = atomicMax((unsigned long long*)(table + hs[u]), (unsigned long long)(((u64)gen << 32) | (u64)id));
+        }
+        // a padding entry measures row 0 for nothing
+        if (e < total) ci[e] = id < ix.n ? ids[u] : 0u;
+    }
+    __syncwarp();
+    const u64 t1 = cycles();
+    distances(ix, q, ci, cd, total, lane);
+    const u64 t2 = cycles();
+    const float inf = __int_as_float(0x7f800000);
+    const float thr = L.cnt >= cap ? L.ad[cap - 1] : inf;
+    u32 ms = 0, fresh_n = 0;
+#pragma unroll
+    for (u32 u = 0; u < SPEC_ROWS; u++) {
+        if (u * 32 >= total) break;
+        const u32 e = u * 32 + lane;
+        const bool fresh = claimed(table, mask, gen, ix.n, ids[u] & ID_MASK, hs[u], got[u]);
+        const float d = e < total ? cd[e] : inf;
+        const bool keep = fresh && d < thr;
+        fresh_n += __popc(__ballot_sync(FULL_MASK, fresh));
+        const u32 bal = __ballot_sync(FULL_MASK, keep);
+        __syncwarp();
+        // in place: entry p <= e of a row already read
+        if (keep) {
+            const u32 p = ms + __popc(bal & lanemask_lt());
+            cd[p] = d;
+            ci[p] = ids[u];
+        }
+        ms += __popc(bal);
+        __syncwarp();
+    }
+    const u64 t3 = cycles();
+    merge_all(L, cap, cd, ci, ms, lane);
+    ph.claim += (t1 - t0) + (t3 - t2);
+    ph.dist += t2 - t1;
+    ph.merge += cycles() - t3;
+    return fresh_n;
 }
 
 // The first `width` entries of the lists of the selected nodes (width =
@@ -646,11 +724,19 @@ __device__ __forceinline__ u32 search_one(const IndexDesc& ix, const Smem& S, u6
             as.sel = S.sel;
             as.degree = ix.degree;
             as.width = w;
-            tc = cycles();
-            m = claim_batch(table, vmask, gen, ix.n, nsel * w, as, ci, vec, row_bytes, lane);
-            ph.claim += cycles() - tc;
-            computed += m;
-            absorb(ix, S.q, ci, cd, m, L, cap, ph, lane);
+            const u32 total = nsel * w;
+#ifndef GG_NO_SPEC
+            if (total * ix.lanes <= SPEC_ROWS * 32u) {
+                computed += step_spec(ix, S.q, table, vmask, gen, total, as, ci, cd, L, cap, ph, lane);
+            } else
+#endif
+            {
+                tc = cycles();
+                m = claim_batch(table, vmask, gen, ix.n, total, as, ci, vec, row_bytes, lane);
+                ph.claim += cycles() - tc;
+                computed += m;
+                absorb(ix, S.q, ci, cd, m, L, cap, ph, lane);
+            }
             expanded += nsel;
         }
         if (expanded >= p.max_expand) break;

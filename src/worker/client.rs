@@ -112,7 +112,9 @@ pub unsafe fn insert_neighbours(index: pg_sys::Relation, meta: &Meta, stored: &[
     // SAFETY: `index` is open (the caller's contract). Not in the scans'
     // latencies: a wider beam than theirs.
     let nodes = unsafe {
-        exchange(index, meta, stored.len(), ef, timeout, fill, |reply, _| reply.nodes[..reply.n as usize].to_vec())
+        exchange(index, meta, stored.len(), ef, Patience { timeout, poll: false }, fill, |reply, _| {
+            reply.nodes[..reply.n as usize].to_vec()
+        })
     }
     .inspect_err(|o| {
         if *o == Outcome::Timeout {
@@ -152,6 +154,7 @@ static EXIT_CALLBACK: std::sync::Once = std::sync::Once::new();
 /// A claimed slot; dropping it lets go of the slot in whatever state it is
 /// (also when an ERROR unwinds through the wait).
 struct Claim {
+    shared: &'static Shared,
     slot: &'static Slot,
     seq: u64,
 }
@@ -170,7 +173,8 @@ impl Claim {
                 .call_once(|| unsafe { pg_sys::before_shmem_exit(Some(let_go_at_exit), pg_sys::Datum::from(0)) });
             HELD_SEQ.store(seq, Ordering::Relaxed);
             HELD_SLOT.store(i, Ordering::Relaxed);
-            Some(Claim { slot: &slots[i], seq })
+            shared.waiting.fetch_add(1, Ordering::Relaxed);
+            Some(Claim { shared, slot: &slots[i], seq })
         })
     }
 }
@@ -179,6 +183,7 @@ impl Drop for Claim {
     fn drop(&mut self) {
         self.slot.abandon(self.seq);
         HELD_SLOT.store(usize::MAX, Ordering::Relaxed);
+        self.shared.waiting.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -199,7 +204,7 @@ unsafe fn ask(index: pg_sys::Relation, meta: &Meta, query: &[f32], ef: usize) ->
     let fill = |r: &mut Request| r.query[..query.len()].copy_from_slice(query);
     // SAFETY: the caller's contract.
     unsafe {
-        exchange(index, meta, query.len(), ef, timeout, fill, |reply, submitted_at| {
+        exchange(index, meta, query.len(), ef, Patience { timeout, poll: true }, fill, |reply, submitted_at| {
             // SAFETY: reads the clock; any backend may.
             let now = pg_sys::GetCurrentTimestamp();
             let c = counters();
@@ -210,8 +215,16 @@ unsafe fn ask(index: pg_sys::Relation, meta: &Meta, query: &[f32], ef: usize) ->
     }
 }
 
+/// How long a request waits for its answer, and whether it polls first
+/// (scans: see [`spin_for`]).
+#[derive(Clone, Copy)]
+struct Patience {
+    timeout: Duration,
+    poll: bool,
+}
+
 /// Claims a slot, fills its request (`fill` the query part), submits and
-/// waits up to `timeout`; `read` takes what it needs of an answered reply.
+/// waits as `patience` says; `read` takes what it needs of an answered reply.
 ///
 /// # Safety
 /// `index` must be an open index relation.
@@ -220,7 +233,7 @@ unsafe fn exchange<T>(
     meta: &Meta,
     dim: usize,
     ef: usize,
-    timeout: Duration,
+    patience: Patience,
     fill: impl FnOnce(&mut Request),
     read: impl FnOnce(&Reply, i64) -> T,
 ) -> Result<T, Outcome> {
@@ -266,7 +279,7 @@ unsafe fn exchange<T>(
     }
     claim.slot.submit(claim.seq);
     set_latch(shared.worker_procno.load(Ordering::Acquire));
-    wait(shared, &claim, starts, timeout)?;
+    wait(shared, &claim, starts, patience)?;
     // SAFETY: wait returned Ok: the slot is DONE under the claim's sequence number.
     let reply = unsafe { claim.slot.reply() };
     match reply.outcome {
@@ -347,7 +360,8 @@ pub unsafe fn batch_first_rounds(
     let fill =
         |r: &mut Request| (r.batch_n, r.batch_dsm, r.batch_cap, r.batch_width) = (n as u32, handle, room, width as u32);
     // SAFETY: the caller's contract.
-    let r = unsafe { exchange(index, meta, dim, ef, batch_timeout(n), fill, |_, _| ()) };
+    let r =
+        unsafe { exchange(index, meta, dim, ef, Patience { timeout: batch_timeout(n), poll: false }, fill, |_, _| ()) };
     let c = counters();
     add(&c.batches, 1);
     if let Err(o) = r {
@@ -382,14 +396,40 @@ pub fn verify_nodes(store: &PageStore, meta: &Meta, query: &[f32], nodes: &[u32]
     verify(store, meta, &[query], |_| nodes).pop().map(|a| a.hits).unwrap_or_default()
 }
 
+/// How long a scan polls for its answer before it sleeps on its latch:
+/// gpu_graph.worker_spin, or with -1 (auto) AUTO_SPIN while at most a
+/// quarter of the machine's cores' worth of backends wait on the worker
+/// (this one included), else not at all: a few waiting scans save the
+/// wake-up (signal, sleep and scheduling, ~9 us of a ~0.15 ms query on an
+/// H200), many would take the cores PostgreSQL needs (a fixed 100 us poll
+/// cost 45% of the queries/s at 64 clients).
+fn spin_for(shared: &Shared) -> Duration {
+    let us = match WORKER_SPIN.get() {
+        s if s >= 0 => s as u64,
+        _ if shared.waiting.load(Ordering::Relaxed) as usize <= auto_spinners() => AUTO_SPIN_US,
+        _ => 0,
+    };
+    Duration::from_micros(us)
+}
+
+/// A search through the worker takes 60-120 us on SIFT-like rows, up to
+/// ~250 us on 768 dimensions: polled for at most this long.
+const AUTO_SPIN_US: u64 = 200;
+
+fn auto_spinners() -> usize {
+    static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *N.get_or_init(|| (std::thread::available_parallelism().map_or(1, |n| n.get()) / 4).max(1))
+}
+
 /// Sleeps on the latch until the slot is answered, the timeout passes or the
 /// worker is gone. Interrupts are served while waiting: a cancel raises its
 /// ERROR here and the claim lets go of the slot as the ERROR unwinds.
-fn wait(shared: &Shared, claim: &Claim, starts: u64, timeout: Duration) -> Result<(), Outcome> {
+fn wait(shared: &Shared, claim: &Claim, starts: u64, patience: Patience) -> Result<(), Outcome> {
+    let Patience { timeout, poll } = patience;
     let t0 = Instant::now();
     // gpu_graph.worker_spin: poll first (the worker then sends no signal:
     // SetLatch signals only a process that sleeps on its latch)
-    let spin = Duration::from_micros(WORKER_SPIN.get().max(0) as u64);
+    let spin = if poll { spin_for(shared) } else { Duration::ZERO };
     while t0.elapsed() < spin {
         if claim.slot.state() == (claim.seq, super::ring::State::Done) {
             return Ok(());

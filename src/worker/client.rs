@@ -192,6 +192,9 @@ unsafe extern "C-unwind" fn let_go_at_exit(_code: i32, _arg: pg_sys::Datum) {
     let i = HELD_SLOT.load(Ordering::Relaxed);
     if let (Some(s), true) = (shared(), i != usize::MAX) {
         s.slots()[i].abandon(HELD_SEQ.load(Ordering::Relaxed));
+        // the claim was never dropped (a FATAL while waiting): it waits no more
+        HELD_SLOT.store(usize::MAX, Ordering::Relaxed);
+        s.waiting.fetch_sub(1, Ordering::Relaxed);
     }
 }
 

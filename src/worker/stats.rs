@@ -302,6 +302,9 @@ struct Ring {
     starts: u64,
     slots: u32,
     slots_in_use: usize,
+    /// backends waiting on the worker now (the count automatic polling
+    /// goes by: gpu_graph.worker_spin = -1)
+    waiting: u32,
 }
 
 #[derive(Serialize)]
@@ -389,6 +392,7 @@ fn ring(s: &Shared) -> Ring {
         starts: get(&s.worker_starts),
         slots: s.nslots,
         slots_in_use: s.slots().iter().filter(|slot| slot.state().1 != State::Free).count(),
+        waiting: s.waiting.load(Ordering::Relaxed),
     }
 }
 
@@ -500,11 +504,11 @@ mod tests {
     fn absent_values_are_null_and_the_ring_only_when_preloaded() {
         let alone = Worker { state: "not preloaded", ring: None };
         assert_eq!(serde_json::to_value(alone).unwrap(), json!({"state": "not preloaded"}));
-        let ring = Ring { pid: None, device: None, starts: 1, slots: 8, slots_in_use: 0 };
+        let ring = Ring { pid: None, device: None, starts: 1, slots: 8, slots_in_use: 0, waiting: 0 };
         let absent = Worker { state: "absent", ring: Some(ring) };
         assert_eq!(
             serde_json::to_value(absent).unwrap(),
-            json!({"state": "absent", "pid": null, "device": null, "starts": 1, "slots": 8, "slots_in_use": 0})
+            json!({"state": "absent", "pid": null, "device": null, "starts": 1, "slots": 8, "slots_in_use": 0, "waiting": 0})
         );
         let info = SearchInfo { worker: "running", resident: None };
         assert_eq!(serde_json::to_value(info).unwrap(), json!({"worker": "running", "resident": null}));

@@ -54,7 +54,9 @@
 //     the diffusion phase expands several per sort) -- load their
 //     neighbour lists, claim the unvisited neighbours, compute their
 //     distances, drop those not nearer than the list's last entry and
-//     merge the rest into the list (merge_unsorted);
+//     merge the rest into the list (merge_unsorted); a step whose
+//     neighbours fit one pass of the distance loop reads their rows
+//     beside the claims and looks at the claims after (step_spec);
 //   * stops when every entry of its list is expanded, or after
 //     `max_expand` expansions (the iteration cap: the paper has none; it
 //     bounds a query's time whatever the graph);

@@ -727,6 +727,8 @@ __device__ __forceinline__ u32 search_one(const IndexDesc& ix, const Smem& S, u6
             as.degree = ix.degree;
             as.width = w;
             const u32 total = nsel * w;
+            // (-DGG_NO_SPEC compiles the claim-first step alone: the A/B of
+            // docs/benchmarks.md, through GPU_GRAPH_SEARCH_NVRTC_OPTIONS)
 #ifndef GG_NO_SPEC
             if (total * ix.lanes <= SPEC_ROWS * 32u) {
                 computed += step_spec(ix, S.q, table, vmask, gen, total, as, ci, cd, L, cap, ph, lane);

@@ -5,9 +5,11 @@
 #   1. answers through the worker equal the CPU scan's, the counters move, a
 #      scan that wants more rows goes on on the CPU without repeating a row
 #   2. gpu_timeout shorter than the worker's answer (gpu_graph.worker_delay):
-#      CPU answer, timeout counted, the slot comes back
+#      CPU answer, timeout counted, the slot comes back; a batch the same,
+#      counted under batches.fallbacks.timeout
 #   3. statement_timeout while waiting: a clean ERROR, the slot comes back,
-#      the next query is served
+#      the next query is served; (3b) a backend terminated while it waits is
+#      no longer counted as waiting
 #   4. the worker ended by pg_terminate_backend and by SIGTERM: CPU answers
 #      while it is gone, it comes back and serves again
 #   5. gpu_graph.inject_fault: the worker fails, exits with status 1 and is
@@ -183,6 +185,17 @@ echo "  answered on the CPU in $took ms (the worker would have taken 1500)"
 [ "$took" -lt 1200 ] || fail "the scan waited $took ms"
 [ "$(stat fallbacks,timeout)" -gt "$before" ] || fail "no timeout counted"
 wait_for "(gpu_graph_worker_stats() #>> '{worker,slots_in_use}')::int = 0" 5 || fail "the slot was not reclaimed"
+# a batch too: searched on the CPU, right, counted as a batch timeout
+before=$(stat batches,fallbacks,timeout)
+got=$(q -c "$GPU SET gpu_graph.worker_delay = 1500; SET gpu_graph.gpu_timeout = 50;" -c "
+  SELECT bool_and(b.ids[1:5] = e.ids[1:5]) FROM (SELECT query, array_agg(g.id ORDER BY r.rank) AS ids
+    FROM gpu_graph_search_batch('grid_idx', (SELECT array_agg(v ORDER BY q) FROM queries), 5) r
+    JOIN grid g ON g.ctid = r.ctid GROUP BY query) b JOIN exact e ON e.q = b.query" | tail -n 1)
+[ "$got" = t ] || fail "a batch after its timeout: right answers $got (want t)"
+[ "$(stat batches,fallbacks,timeout)" = $((before + 1)) ] ||
+  fail "the batch's timeout not counted: $(stat batches,fallbacks)"
+wait_for "(gpu_graph_worker_stats() #>> '{worker,slots_in_use}')::int = 0" 5 || fail "the batch's slot was not reclaimed"
+echo "  a batch searched on the CPU after its timeout, right, counted as batches.fallbacks.timeout"
 
 echo "3. cancel while waiting"
 if q -c "$GPU SET gpu_graph.worker_delay = 2000; SET statement_timeout = 200;" -c "SELECT knn('$QV', 5)" 2>"$work/cancel.err"; then

@@ -9,6 +9,7 @@
 #       PGHOST PGPORT PGUSER PGDATABASE (psql then works bare) and GG_CLUSTER_DIR,
 #       and stop and remove the cluster when the shell exits.
 #   gg_cluster_stop     stop and remove it now (also what the exit handler runs)
+#   gg_test_fail NAME MESSAGE...   a test's failure, with the end of the log
 #
 # As a command:
 #   scripts/cluster.sh run CMD [ARGS...]   start a cluster, run CMD with PGHOST..
@@ -27,6 +28,20 @@
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 gg_pg_bindir() { "$PG_CONFIG" --bindir; }
+
+# gg_test_fail NAME MESSAGE...: a cluster test's failure: the message, then
+# the end of the server's log (the log goes with the cluster; a worker's
+# restart or a crash shows there), exit 1.
+gg_test_fail() {
+  local name=$1
+  shift
+  echo "$name: FAIL: $*" >&2
+  if [ -n "${GG_CLUSTER_DIR:-}" ] && [ -f "$GG_CLUSTER_DIR/postgres.log" ]; then
+    echo "$name: the end of the server's log:" >&2
+    tail -n 25 "$GG_CLUSTER_DIR/postgres.log" >&2
+  fi
+  exit 1
+}
 
 gg_cluster_start() {
   local bindir dir port line

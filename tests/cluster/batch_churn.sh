@@ -16,7 +16,7 @@ set -euo pipefail
 # shellcheck source=scripts/cluster.sh
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/cluster.sh"
 
-fail() { echo "batch_churn: FAIL: $*" >&2; exit 1; }
+fail() { gg_test_fail batch_churn "$@"; }
 # gpu_timeout 5 s: the test checks the worker's answers, not its timeout. A
 # segment's time allowed is gpu_timeout + 100 us a query; the CPU test mode
 # takes ~33 us a query on an idle 2-core machine, and one slow segment

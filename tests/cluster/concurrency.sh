@@ -8,7 +8,7 @@
 set -euo pipefail
 # shellcheck source=scripts/cluster.sh
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/cluster.sh"
-fail() { echo "concurrency: FAIL: $*" >&2; exit 1; }
+fail() { gg_test_fail concurrency "$@"; }
 q() { psql -X -q -v ON_ERROR_STOP=1 -At "$@"; }
 
 gg_cluster_start "max_connections = 50"

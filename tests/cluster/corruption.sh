@@ -9,7 +9,7 @@ set -euo pipefail
 # shellcheck source=scripts/cluster.sh
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/cluster.sh"
 
-fail() { echo "corruption: FAIL: $*" >&2; exit 1; }
+fail() { gg_test_fail corruption "$@"; }
 gg_cluster_start
 dir=$GG_CLUSTER_DIR
 q() { psql -X -q -v ON_ERROR_STOP=1 -At "$@"; }

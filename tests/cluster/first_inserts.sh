@@ -10,7 +10,7 @@ set -euo pipefail
 # shellcheck source=scripts/cluster.sh
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/cluster.sh"
 
-fail() { echo "first_inserts: FAIL: $*" >&2; exit 1; }
+fail() { gg_test_fail first_inserts "$@"; }
 gg_cluster_start "max_connections = 40"
 q() { psql -X -q -v ON_ERROR_STOP=1 -At "$@"; }
 

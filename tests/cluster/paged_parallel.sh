@@ -10,7 +10,7 @@ set -euo pipefail
 # shellcheck source=scripts/cluster.sh
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/cluster.sh"
 
-fail() { echo "paged_parallel: FAIL: $*" >&2; exit 1; }
+fail() { gg_test_fail paged_parallel "$@"; }
 gg_cluster_start "max_worker_processes = 16" "max_parallel_workers = 8"
 q() { psql -X -q -v ON_ERROR_STOP=1 -At "$@"; }
 

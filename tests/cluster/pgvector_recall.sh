@@ -10,7 +10,7 @@
 set -euo pipefail
 # shellcheck source=scripts/cluster.sh
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/cluster.sh"
-fail() { echo "pgvector_recall: FAIL: $*" >&2; exit 1; }
+fail() { gg_test_fail pgvector_recall "$@"; }
 q() { psql -X -q -v ON_ERROR_STOP=1 -At "$@"; }
 if [ ! -f "$("$PG_CONFIG" --sharedir)/extension/vector.control" ]; then
   echo "pgvector_recall: skipped: pgvector not installed"

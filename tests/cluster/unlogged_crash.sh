@@ -12,7 +12,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/cluster.sh"
 # shellcheck source=tests/cluster/lib/crash.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib/crash.sh"
 
-fail() { echo "unlogged_crash: FAIL: $*" >&2; exit 1; }
+fail() { gg_test_fail unlogged_crash "$@"; }
 # no checkpoint may run between the build and the crash
 gg_cluster_start "checkpoint_timeout = 1h" "max_wal_size = 10GB" "fsync = on"
 dir=$GG_CLUSTER_DIR

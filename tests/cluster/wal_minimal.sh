@@ -11,7 +11,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/cluster.sh"
 # shellcheck source=tests/cluster/lib/crash.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib/crash.sh"
 
-fail() { echo "wal_minimal: FAIL: $*" >&2; exit 1; }
+fail() { gg_test_fail wal_minimal "$@"; }
 # wal_skip_threshold 0: the commit fsyncs the new file rather than logging it
 gg_cluster_start "wal_level = minimal" "max_wal_senders = 0" "wal_skip_threshold = 0" "fsync = on"
 dir=$GG_CLUSTER_DIR

@@ -15,7 +15,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/cluster.sh"
 # shellcheck source=tests/cluster/lib/crash.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib/crash.sh"
 
-fail() { echo "wal_replay: FAIL: $*" >&2; exit 1; }
+fail() { gg_test_fail wal_replay "$@"; }
 bindir=$(gg_pg_bindir)
 
 # wal_consistency_checking: each record carries its pages' images as well,

@@ -38,11 +38,7 @@
 set -euo pipefail
 # shellcheck source=scripts/cluster.sh
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/cluster.sh"
-fail() {
-  echo "worker: FAIL: $*" >&2
-  [ -n "${GG_CLUSTER_DIR:-}" ] && tail -n 25 "$GG_CLUSTER_DIR/postgres.log" >&2
-  exit 1
-}
+fail() { gg_test_fail worker "$@"; }
 q() { psql -X -q -v ON_ERROR_STOP=1 -At "$@"; }
 # stat PATH: a field of gpu_graph_worker_stats(), e.g. stat scans,worker
 stat() { q -c "SELECT gpu_graph_worker_stats() #>> '{$1}'"; }

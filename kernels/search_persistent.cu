@@ -397,6 +397,28 @@ __device__ __forceinline__ bool claimed(u64* table, u32 mask, u32 gen, u32 n, u3
     return visit_claim(table, mask, gen, id, h1, ld_relaxed_u64(table + h1));
 }
 
+// Lane `lane`'s ids of a step: e = u * 32 + lane of src for e < total,
+// NO_NODE past it.
+template <u32 R, typename Src>
+__device__ __forceinline__ void gather_ids(Src src, u32 total, u32 lane, u32 (&ids)[R]) {
+#pragma unroll
+    for (u32 u = 0; u < R; u++) {
+        const u32 e = u * 32 + lane;
+        ids[u] = e < total ? src(e) : NO_NODE;
+    }
+}
+
+// The claim of node `id` (< n: a node; else none, 0 returned): one atomic:
+// the larger of (generation, id) keys stays in its home slot `h`, so an
+// older query's entry (smaller generation) gives way, and the node was
+// visited when the old key is its own; `claimed` reads what it returns.
+__device__ __forceinline__ u64 claim_home(u64* table, u32 mask, u32 gen, u32 n, u32 id, u32& h) {
+    h = 0;
+    if (id >= n) return 0;
+    h = hash32(id) & mask;
+    return atomicMax((unsigned long long*)(table + h), (unsigned long long)(((u64)gen << 32) | (u64)id));
+}
+
 // Claims the unvisited ones among up to CAND_CAP ids produced by src(e) for
 // e < total (e = u * 32 + lane) and writes them to ci; returns their count.
 // Every lane issues all its id loads, then one atomicMax per id on its home
@@ -411,11 +433,7 @@ __device__ __forceinline__ u32 claim_batch(u64* table, u32 mask, u32 gen, u32 n,
     u32 ids[MAX_R];
     u64 got[MAX_R];
     u32 hs[MAX_R];
-#pragma unroll
-    for (u32 u = 0; u < MAX_R; u++) {
-        const u32 e = u * 32 + lane;
-        ids[u] = e < total ? src(e) : NO_NODE;
-    }
+    gather_ids(src, total, lane, ids);
     // a row longer than two lines (wide vectors) starts its way to L2 now,
     // beside the claims' atomics: its distance then takes several passes
     // of a few rows each, every one a round trip (500k x768 on an H100,
@@ -432,19 +450,8 @@ __device__ __forceinline__ u32 claim_batch(u64* table, u32 mask, u32 gen, u32 n,
             }
         }
     }
-    // one atomic a node: the larger of (generation, id) keys stays in its
-    // home slot, so an older query's entry (smaller generation) gives way,
-    // and the node was visited when the old key is its own
 #pragma unroll
-    for (u32 u = 0; u < MAX_R; u++) {
-        hs[u] = 0;
-        got[u] = 0;
-        if ((ids[u] & ID_MASK) < n) {
-            hs[u] = hash32(ids[u] & ID_MASK) & mask;
-            got[u] = atomicMax((unsigned long long*)(table + hs[u]),
-                               (unsigned long long)(((u64)gen << 32) | (u64)(ids[u] & ID_MASK)));
-        }
-    }
+    for (u32 u = 0; u < MAX_R; u++) got[u] = claim_home(table, mask, gen, n, ids[u] & ID_MASK, hs[u]);
     u32 m = 0;
 #pragma unroll
     for (u32 u = 0; u < MAX_R; u++) {
@@ -479,21 +486,12 @@ __device__ __forceinline__ u32 step_spec(const IndexDesc& ix, const float* q, u6
     u32 ids[SPEC_ROWS];
     u64 got[SPEC_ROWS];
     u32 hs[SPEC_ROWS];
-#pragma unroll
-    for (u32 u = 0; u < SPEC_ROWS; u++) {
-        const u32 e = u * 32 + lane;
-        ids[u] = e < total ? src(e) : NO_NODE;
-    }
+    gather_ids(src, total, lane, ids);
 #pragma unroll
     for (u32 u = 0; u < SPEC_ROWS; u++) {
         const u32 e = u * 32 + lane;
         const u32 id = ids[u] & ID_MASK;
-        hs[u] = 0;
-        got[u] = 0;
-        if (id < ix.n) {
-            hs[u] = hash32(id) & mask;
-            got[u] = atomicMax((unsigned long long*)(table + hs[u]), (unsigned long long)(((u64)gen << 32) | (u64)id));
-        }
+        got[u] = claim_home(table, mask, gen, ix.n, id, hs[u]);
         // a padding entry measures row 0 for nothing
         if (e < total) ci[e] = id < ix.n ? ids[u] : 0u;
     }

@@ -53,9 +53,9 @@ pub static SEARCH_DEVICE: GucSetting<SearchDevice> = GucSetting::<SearchDevice>:
 pub static GPU_TIMEOUT: GucSetting<i32> = GucSetting::<i32>::new(100);
 /// Entries of each neighbour list a batch searches; 0 = the index's choice.
 pub static BATCH_PREFIX: GucSetting<i32> = GucSetting::<i32>::new(0);
-/// Microseconds a scan spins on its slot before sleeping on its latch.
-/// -1: automatic (polls while few scans wait on the worker).
-pub static WORKER_SPIN: GucSetting<i32> = GucSetting::<i32>::new(-1);
+/// Microseconds a scan polls its slot (yielding its core between looks)
+/// before sleeping on its latch.
+pub static WORKER_SPIN: GucSetting<i32> = GucSetting::<i32>::new(200);
 /// Megabytes of device memory a GPU build may use before it builds in
 /// shards; 0 = the device's free memory less a margin.
 pub static BUILD_GPU_MEMORY: GucSetting<i32> = GucSetting::<i32>::new(0);
@@ -155,11 +155,10 @@ pub fn register() {
     GucRegistry::define_int_guc(
         c"gpu_graph.worker_spin",
         c"Microseconds a scan waiting for the search worker polls its answer before it sleeps on its latch.",
-        c"An answer seen while polling needs no wake-up signal from the worker and no sleep; the polling \
-          takes a core. -1 = automatic: up to 200 us while at most a quarter of the cores' worth of \
-          backends wait on the worker, else none.",
+        c"An answer seen while polling needs no wake-up signal from the worker and no sleep; the scan yields \
+          its core between two looks, so other processes that can run do. 0 = sleep at once.",
         &WORKER_SPIN,
-        -1,
+        0,
         1000,
         GucContext::Userset,
         GucFlags::default(),

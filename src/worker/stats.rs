@@ -302,8 +302,7 @@ struct Ring {
     starts: u64,
     slots: u32,
     slots_in_use: usize,
-    /// backends waiting on the worker now (the count automatic polling
-    /// goes by: gpu_graph.worker_spin = -1)
+    /// backends waiting on the worker now
     waiting: u32,
 }
 

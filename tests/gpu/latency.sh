@@ -32,6 +32,9 @@ for spin in ${SPINS:-0 100}; do
     if [ "$c" = 1 ]; then
       gg_q -c "SELECT '  latency_us after 1 client: ' || (gpu_graph_worker_stats() -> 'latency_us')::text" | tee -a "$log"
     fi
+    # the worker's thread so far (counters since the restart: the
+    # difference of two lines is one run's)
+    gg_q -c "SELECT '  requests after $c clients: ' || (gpu_graph_worker_stats() -> 'requests')::text" | tee -a "$log"
   done
   gg_q -c "SELECT '  fallbacks: ' || (gpu_graph_worker_stats() -> 'fallbacks')::text" | tee -a "$log"
 done

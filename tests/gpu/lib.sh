@@ -41,13 +41,20 @@ SQL
 gg_pgbench() {
   local label=$1 c=$2 secs=$3 opts=$4 log=${5:-/dev/null}
   rm -rf /tmp/pgb && mkdir -p /tmp/pgb && chmod 777 /tmp/pgb
+  local cpu0 cpu1
+  cpu0=$(head -1 /proc/stat)
   PGOPTIONS="$opts" pgbench -n -M prepared -c "$c" -j 16 -T "$secs" -f /tmp/gg-knn.sql \
     --log --log-prefix=/tmp/pgb/log postgres >/tmp/pgb.out 2>&1 || { cat /tmp/pgb.out; return 1; }
-  python3 - "$label" "$c" "$(awk '/^tps/ {print $3}' /tmp/pgb.out)" <<'PY' | tee -a "$log"
+  cpu1=$(head -1 /proc/stat)
+  # the machine's CPU busy share over the run (all processes: is it the
+  # cores that limit?)
+  python3 - "$label" "$c" "$(awk '/^tps/ {print $3}' /tmp/pgb.out)" "$cpu0" "$cpu1" <<'PY' | tee -a "$log"
 import glob, sys, numpy as np
 lat = np.concatenate([np.loadtxt(f, usecols=2, ndmin=1) for f in glob.glob('/tmp/pgb/log*')]) / 1000.0
-label, c, tps = sys.argv[1:]
-print(f"pgbench {label:<28} clients {c:>3}  {float(tps):>9.0f} queries/s  p50 {np.percentile(lat, 50):.3f} ms  p99 {np.percentile(lat, 99):.3f} ms")
+label, c, tps, cpu0, cpu1 = sys.argv[1:]
+d = [b - a for a, b in zip(map(int, cpu0.split()[1:]), map(int, cpu1.split()[1:]))]
+busy = 1 - (d[3] + d[4]) / max(sum(d), 1)
+print(f"pgbench {label:<28} clients {c:>3}  {float(tps):>9.0f} queries/s  p50 {np.percentile(lat, 50):.3f} ms  p99 {np.percentile(lat, 99):.3f} ms  cpu {busy:.0%}")
 PY
 }
 

@@ -7,11 +7,13 @@
 // the host (IndexDesc, RequestHead, ResultHead, SearchParams, the slot words)
 // is in abi.h, mirrored by crates/gpu/src/abi.rs.
 //
-// Grid: slots x ctas_per_slot blocks of ONE warp each. Block b serves query
-// slot b / ctas_per_slot as its CTA number t = b % ctas_per_slot. The host
-// chose the grid from the occupancy API so that every block is resident at
-// once: a spinning block that is not resident would never let the others
-// finish (deadlock).
+// Grid: slots x ctas_per_slot blocks of GG_WARPS warps each (the host's
+// ServerConfig::cta_warps). Block b serves query slot b / ctas_per_slot as
+// its CTA number t = b % ctas_per_slot; its warp 0 does the whole search,
+// the others only help with the distance loops of several passes (see
+// team_helper). The host chose the grid from the occupancy API so that
+// every block is resident at once: a spinning block that is not resident
+// would never let the others finish (deadlock).
 //
 // Slot protocol (ALGAS section IV-A / V-A, no GDRCopy):
 //   cmd[slot]     device memory, written only by the host with
@@ -184,11 +186,12 @@ __device__ __forceinline__ bool visit_claim(u64* table, u32 mask, u32 gen, u32 i
 #define DIST_UNROLL GG_DIST_UNROLL
 template <bool HALF, bool IP>
 __device__ __forceinline__ void distances_t(const unsigned char* vec, u32 chunks, u32 G, const float* q, const u32* ci,
-                                            float* cd, u32 m, u32 lane) {
+                                            float* cd, u32 m, u32 lane, u32 warp, u32 warps) {
     const u32 sub = lane & (G - 1);
     const u32 per = 32 / G;
     const u32 which = lane / G;
-    for (u32 b = 0; b < m; b += per) {
+    // pass p (vectors p * per ..) is warp p % warps's
+    for (u32 b = warp * per; b < m; b += per * warps) {
         const u32 i = b + which;
         const bool act = i < m;
         float ac[4] = {0.f, 0.f, 0.f, 0.f};
@@ -247,6 +250,65 @@ __device__ __forceinline__ void distances_t(const unsigned char* vec, u32 chunks
     __syncwarp();
 }
 
+// The distance loop of warp `warp` of `warps` for the index's row format.
+__device__ __forceinline__ void distances_of(const unsigned char* vec, u32 chunks, u32 G, u32 half, u32 metric,
+                                             const float* q, const u32* ci, float* cd, u32 m, u32 lane, u32 warp,
+                                             u32 warps) {
+    if (half) {
+        if (metric == GG_METRIC_IP) distances_t<true, true>(vec, chunks, G, q, ci, cd, m, lane, warp, warps);
+        else distances_t<true, false>(vec, chunks, G, q, ci, cd, m, lane, warp, warps);
+    } else {
+        if (metric == GG_METRIC_IP) distances_t<false, true>(vec, chunks, G, q, ci, cd, m, lane, warp, warps);
+        else distances_t<false, false>(vec, chunks, G, q, ci, cd, m, lane, warp, warps);
+    }
+}
+
+// Helper warps (-DGG_WARPS=n, n > 1: the persistent kernel's CTAs of n
+// warps): warp 0 searches as a single-warp CTA does; the others only take
+// their share of the passes of each distance loop, so that a step of
+// several passes (the start, beam steps) waits on memory once per `warps`
+// passes instead of once per pass. Warp 0 posts the loop in `team_job`,
+// both barriers of the team delimit it; the batch kernel's single-warp
+// blocks compute alone.
+#ifndef GG_WARPS
+#define GG_WARPS 1
+#endif
+#if GG_WARPS > 1
+#define JOB_DISTANCES 1u
+#define JOB_QUIT 2u
+struct TeamJob {
+    const unsigned char* vec;
+    const float* q;
+    const u32* ci;
+    float* cd;
+    u32 op, m, chunks, G, half, metric;
+};
+__shared__ TeamJob team_job;
+__device__ __forceinline__ void team_sync(u32 id) { asm volatile("bar.sync %0, %1;" : : "r"(id), "r"(blockDim.x) : "memory"); }
+
+// A helper warp's life: each distance loop warp 0 posts, until Quit.
+__device__ void team_helper(u32 warp, u32 lane) {
+    const u32 warps = blockDim.x >> 5;
+    for (;;) {
+        team_sync(1);
+        const TeamJob j = team_job;
+        if (j.op == JOB_QUIT) return;
+        distances_of(j.vec, j.chunks, j.G, j.half, j.metric, j.q, j.ci, j.cd, j.m, lane, warp, warps);
+        team_sync(2);
+    }
+}
+
+// Warp 0: the helpers leave (the kernel quits).
+__device__ __forceinline__ void team_quit(u32 lane) {
+    if (blockDim.x <= 32) return;
+    if (lane == 0) team_job.op = JOB_QUIT;
+    __syncwarp();
+    team_sync(1);
+}
+#else
+__device__ __forceinline__ void team_quit(u32) {}
+#endif
+
 __device__ __forceinline__ void distances(const IndexDesc& ix, const float* q, const u32* ci, float* cd, u32 m,
                                           u32 lane) {
     const unsigned char* vec = (const unsigned char*)ix.vectors;
@@ -254,13 +316,29 @@ __device__ __forceinline__ void distances(const IndexDesc& ix, const float* q, c
     // share of a row then shorter, changed nothing on the H200: a step's
     // distances wait on the rows' loads, not on the arithmetic)
     const u32 G = ix.lanes;
-    if (ix.half) {
-        if (ix.metric == GG_METRIC_IP) distances_t<true, true>(vec, ix.chunks, G, q, ci, cd, m, lane);
-        else distances_t<true, false>(vec, ix.chunks, G, q, ci, cd, m, lane);
-    } else {
-        if (ix.metric == GG_METRIC_IP) distances_t<false, true>(vec, ix.chunks, G, q, ci, cd, m, lane);
-        else distances_t<false, false>(vec, ix.chunks, G, q, ci, cd, m, lane);
+#if GG_WARPS > 1
+    // a loop of one pass is warp 0's alone (no barrier)
+    if (blockDim.x > 32 && m > 32 / G) {
+        if (lane == 0) {
+            team_job.vec = vec;
+            team_job.q = q;
+            team_job.ci = ci;
+            team_job.cd = cd;
+            team_job.op = JOB_DISTANCES;
+            team_job.m = m;
+            team_job.chunks = ix.chunks;
+            team_job.G = G;
+            team_job.half = ix.half;
+            team_job.metric = ix.metric;
+        }
+        __syncwarp();
+        team_sync(1);
+        distances_of(vec, ix.chunks, G, ix.half, ix.metric, q, ci, cd, m, lane, 0, blockDim.x >> 5);
+        team_sync(2);
+        return;
     }
+#endif
+    distances_of(vec, ix.chunks, G, ix.half, ix.metric, q, ci, cd, m, lane, 0, 1);
 }
 
 // ------------------------------------------------------------ list upkeep
@@ -795,7 +873,7 @@ __device__ __forceinline__ u32 search_one(const IndexDesc& ix, const Smem& S, u6
 // space. Without it the compiler copies the struct to local memory, and the
 // kernel drops from 154 registers to 128 with spills (about 15% fewer
 // queries/s at 64 threads on an H200).
-extern "C" __global__ void __launch_bounds__(32)
+extern "C" __global__ void __launch_bounds__(32 * GG_WARPS)
     search_persistent(const __grid_constant__ SearchParams P) {
     const IndexDesc* indexes = (const IndexDesc*)P.indexes;
     u32* cmd = (u32*)P.cmd;
@@ -806,7 +884,13 @@ extern "C" __global__ void __launch_bounds__(32)
     extern __shared__ __align__(16) unsigned char smem[];
     const Smem S = carve(smem, max_qwords, list_cap);
 
-    const u32 lane = threadIdx.x;
+    const u32 lane = threadIdx.x & 31u;
+#if GG_WARPS > 1
+    if (threadIdx.x >= 32) {
+        team_helper(threadIdx.x >> 5, lane);
+        return;
+    }
+#endif
     const u32 slot = blockIdx.x / P.ctas_per_slot;
     const u32 t = blockIdx.x - slot * P.ctas_per_slot;
     const u32 vmask = (1u << P.visited_log2) - 1u;
@@ -829,7 +913,10 @@ extern "C" __global__ void __launch_bounds__(32)
             continue;
         }
         __syncwarp();
-        if (c == GG_CMD_QUIT) return;
+        if (c == GG_CMD_QUIT) {
+            team_quit(lane);
+            return;
+        }
         if (c == GG_CMD_FAULT) {
             // test switch: an illegal address, which poisons the context
             volatile u32* bad = (volatile u32*)(u64)0x10;

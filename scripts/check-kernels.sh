@@ -35,3 +35,8 @@ kernels=(kernels/*.cu)
 [ ${#kernels[@]} -gt 0 ] || gg_die "no kernels/*.cu"
 LD_LIBRARY_PATH="$SP/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
   "$CHECK" "${args[@]}" -I "$SP/include" "${kernels[@]}"
+# the search kernel once more as the extension compiles it by default: CTAs
+# of two warps (ServerConfig::cta_warps, -DGG_WARPS)
+echo "search_persistent.cu with -DGG_WARPS=2:"
+LD_LIBRARY_PATH="$SP/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+  "$CHECK" "${args[@]}" -I "$SP/include" --option=-DGG_WARPS=2 kernels/search_persistent.cu

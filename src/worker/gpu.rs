@@ -93,7 +93,13 @@ impl GpuSearch {
 
     pub fn describe(&self) -> String {
         let i = self.server.info();
-        format!("{} ({} query slots of {} CTAs)", self.gpu.info().name, i.slots, i.ctas_per_slot)
+        format!(
+            "{} ({} query slots of {} CTAs of {} warps)",
+            self.gpu.info().name,
+            i.slots,
+            i.ctas_per_slot,
+            i.cta_warps
+        )
     }
 
     /// gpu_graph.gpu_memory_limit = 0: the device memory free now less 1 GiB.

@@ -27,6 +27,8 @@ pub(crate) struct Kernel {
     pub module: Arc<CudaModule>,
     func: CudaFunction,
     pub stream: Arc<CudaStream>,
+    /// warps of each CTA: 1, or the helper warps' -DGG_WARPS
+    warps: u32,
     pub compile_ms: f64,
 }
 
@@ -34,11 +36,15 @@ impl Kernel {
     /// Compiles (once per process) and loads the kernel, with room for
     /// `smem` bytes of dynamic shared memory per CTA.
     /// `batch_min_blocks`: the batch kernel's __launch_bounds__ minimum of
-    /// resident blocks per SM (0: none).
-    pub fn load(gpu: &Gpu, smem: usize, batch_min_blocks: u32) -> Result<Kernel, GpuError> {
+    /// resident blocks per SM (0: none); `warps`: of each of the
+    /// persistent kernel's CTAs.
+    pub fn load(gpu: &Gpu, smem: usize, batch_min_blocks: u32, warps: u32) -> Result<Kernel, GpuError> {
         let t = std::time::Instant::now();
         let mut opts =
             if batch_min_blocks > 0 { vec![format!("-DGG_BATCH_MIN_BLOCKS={batch_min_blocks}")] } else { vec![] };
+        if warps > 1 {
+            opts.push(format!("-DGG_WARPS={warps}"));
+        }
         // a developer's switch for comparing variants of the kernel on the
         // GPU machine (e.g. "-DGG_OPT_X"): options added to its compile
         if let Ok(extra) = std::env::var("GPU_GRAPH_SEARCH_NVRTC_OPTIONS") {
@@ -51,7 +57,7 @@ impl Kernel {
                 .map_err(|e| cuda("raising the kernel's shared memory", e))?;
         }
         let stream = gpu.ctx.new_stream().map_err(|e| cuda("creating the kernel's stream", e))?;
-        Ok(Kernel { module, func, stream, compile_ms: t.elapsed().as_secs_f64() * 1e3 })
+        Ok(Kernel { module, func, stream, warps, compile_ms: t.elapsed().as_secs_f64() * 1e3 })
     }
 
     /// Registers a thread of the kernel uses.
@@ -62,18 +68,21 @@ impl Kernel {
             .map_err(|e| cuda("the kernel's registers", e))
     }
 
-    /// Resident single-warp blocks per SM at `smem` bytes each.
+    /// Resident blocks (CTAs of `warps` warps) per SM at `smem` bytes each.
     pub fn blocks_per_sm(&self, smem: usize) -> Result<usize, GpuError> {
         self.func
-            .occupancy_max_active_blocks_per_multiprocessor(32, smem, None)
+            .occupancy_max_active_blocks_per_multiprocessor(32 * self.warps, smem, None)
             .map(|b| b as usize)
             .map_err(|e| cuda("occupancy", e))
     }
 
-    /// Launches `blocks` single-warp CTAs, which run until Quit.
+    /// Launches `blocks` CTAs of `warps` warps, which run until Quit.
     pub fn launch(&self, params: SearchParams, blocks: usize, smem: usize) -> Result<(), GpuError> {
-        let cfg =
-            LaunchConfig { grid_dim: (blocks as u32, 1, 1), block_dim: (32, 1, 1), shared_mem_bytes: smem as u32 };
+        let cfg = LaunchConfig {
+            grid_dim: (blocks as u32, 1, 1),
+            block_dim: (32 * self.warps, 1, 1),
+            shared_mem_bytes: smem as u32,
+        };
         let mut b = self.stream.launch_builder(&self.func);
         b.arg(&params);
         // SAFETY: the one parameter is abi.h's SearchParams (layout checked),

@@ -12,8 +12,13 @@ pub struct ServerConfig {
     /// Query slots: the most queries in flight at once. 0 = as many as the
     /// resident-block limit allows with `ctas_per_slot`, at most 256.
     pub slots: usize,
-    /// Single-warp CTAs per slot (at most 32). 0 = [`DEFAULT_CTAS_PER_SLOT`].
+    /// CTAs per slot (at most 32). 0 = [`DEFAULT_CTAS_PER_SLOT`].
     pub ctas_per_slot: usize,
+    /// Warps of each CTA (1 or 2): warp 0 searches, the others take their
+    /// share of each distance loop of several passes (wide rows, a
+    /// query's start, beam steps). More warps a CTA, fewer CTAs resident
+    /// (registers): fewer slots. 0 = [`DEFAULT_CTA_WARPS`].
+    pub cta_warps: usize,
     /// Largest stored dimension of an index (sizes each CTA's shared copy of
     /// the query; a larger index is refused at load).
     pub max_dim: usize,
@@ -68,11 +73,15 @@ pub const DEFAULT_BATCH_MIN_BLOCKS: u32 = 16;
 /// Default CTAs per slot (see [`SearchPolicy`]).
 pub const DEFAULT_CTAS_PER_SLOT: usize = 4;
 
+/// Default warps of a CTA (see [`ServerConfig::cta_warps`]).
+pub const DEFAULT_CTA_WARPS: usize = 2;
+
 impl Default for ServerConfig {
     fn default() -> Self {
         ServerConfig {
             slots: 0,
             ctas_per_slot: 0,
+            cta_warps: 0,
             max_dim: 2048,
             max_list: 256,
             max_k: 256,
@@ -184,9 +193,9 @@ impl SearchPolicy {
     }
 }
 
-/// Blocks an SM that the persistent kernel leaves to the batch kernel: one
-/// warp for each of an SM's four sub-partitions (a warp's registers come
-/// from its sub-partition's quarter of the register file).
+/// Warps an SM that the persistent kernel leaves to the batch kernel: one
+/// for each of an SM's four sub-partitions (a warp's registers come from
+/// its sub-partition's quarter of the register file).
 pub(crate) const BATCH_ROOM_PER_SM: usize = 4;
 
 /// Bytes between two finish words: each on its own 64-byte line.
@@ -197,6 +206,8 @@ pub(crate) const FINISH_STRIDE_WORDS: usize = 16;
 pub(crate) struct Sizing {
     pub slots: usize,
     pub ctas: usize,
+    /// warps of a CTA
+    pub warps: usize,
     pub groups: usize,
     pub max_qwords: usize,
     pub list_cap: usize,
@@ -220,6 +231,12 @@ impl Sizing {
         if !(1..=32).contains(&ctas) {
             return Err(GpuError::Unsupported(format!("{ctas} CTAs per slot (1 to 32)")));
         }
+        let warps = if cfg.cta_warps == 0 { DEFAULT_CTA_WARPS } else { cfg.cta_warps };
+        // (four warps, on an H200: a batch launched beside the persistent
+        // kernel never finished, not understood yet)
+        if !(1..=2).contains(&warps) {
+            return Err(GpuError::Unsupported(format!("{warps} warps a CTA (1 or 2)")));
+        }
         let max_qwords = cfg.max_dim.max(1).next_multiple_of(8);
         let list_cap = cfg.max_list.max(1);
         let k_max = cfg.max_k.max(1).next_multiple_of(2);
@@ -227,6 +244,7 @@ impl Sizing {
         Ok(Sizing {
             slots: cfg.slots,
             ctas,
+            warps,
             groups: 0,
             max_qwords,
             list_cap,
@@ -249,10 +267,10 @@ impl Sizing {
     /// the others finish).
     pub fn fit(&mut self, cfg: &ServerConfig, blocks_per_sm: usize, sm_count: usize) -> Result<(), GpuError> {
         let resident = blocks_per_sm * sm_count;
-        // by default one block an SM sub-partition (4 an SM) is left to the
+        // by default one warp an SM sub-partition (4 an SM) is left to the
         // batch kernel, whose blocks could otherwise never start
         let slots = if cfg.slots == 0 {
-            (resident.saturating_sub(BATCH_ROOM_PER_SM * sm_count) / self.ctas).clamp(1, 256)
+            (resident.saturating_sub(self.batch_room() * sm_count) / self.ctas).clamp(1, 256)
         } else {
             cfg.slots
         };
@@ -266,6 +284,12 @@ impl Sizing {
         self.slots = slots;
         self.groups = if cfg.groups == 0 { slots.min(8) } else { cfg.groups.min(slots) }.max(1);
         Ok(())
+    }
+
+    /// Blocks of the persistent kernel an SM leaves to the batch kernel's
+    /// warps.
+    pub fn batch_room(&self) -> usize {
+        BATCH_ROOM_PER_SM.div_ceil(self.warps)
     }
 
     pub fn visited_bytes(&self) -> usize {
@@ -308,8 +332,14 @@ mod tests {
         let mut z = Sizing::new(&ServerConfig::default()).unwrap();
         assert_eq!((z.ctas, z.max_qwords, z.k_max, z.req_stride), (4, 2048, 256, 8192 + 128));
         assert_eq!(z.smem, 4 * 2048 + 16 * 256 + 8 * 256 + 128);
-        z.fit(&ServerConfig::default(), 12, 132).unwrap();
-        assert_eq!((z.slots, z.groups), (256, 8));
+        // two-warp CTAs: two blocks an SM left to the batch kernel's warps
+        assert_eq!(z.warps, 2);
+        z.fit(&ServerConfig::default(), 6, 132).unwrap();
+        assert_eq!((z.slots, z.groups), ((6 - 2) * 132 / 4, 8));
+        let mut one = Sizing::new(&ServerConfig { cta_warps: 1, ..ServerConfig::default() }).unwrap();
+        one.fit(&ServerConfig::default(), 12, 132).unwrap();
+        assert_eq!((one.slots, one.groups), (256, 8));
+        assert!(Sizing::new(&ServerConfig { cta_warps: 3, ..ServerConfig::default() }).is_err());
         assert!(z.fit(&ServerConfig { slots: 500, ..ServerConfig::default() }, 12, 132).is_err());
         assert!(Sizing::new(&ServerConfig { ctas_per_slot: 33, ..ServerConfig::default() }).is_err());
     }

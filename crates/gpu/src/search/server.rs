@@ -76,6 +76,8 @@ impl From<GpuError> for SearchError {
 pub struct ServerInfo {
     pub slots: usize,
     pub ctas_per_slot: usize,
+    /// warps of each CTA
+    pub cta_warps: usize,
     pub groups: usize,
     pub sm_count: u32,
     /// resident blocks per SM of the kernel at its shared memory size
@@ -171,7 +173,7 @@ impl SearchServer {
     pub fn start(gpu: &Gpu, cfg: ServerConfig) -> Result<SearchServer, GpuError> {
         guard("starting the GPU search server", || {
             let mut z = Sizing::new(&cfg)?;
-            let kernel = Kernel::load(gpu, z.smem, cfg.batch_min_blocks)?;
+            let kernel = Kernel::load(gpu, z.smem, cfg.batch_min_blocks, z.warps as u32)?;
             let per_sm = kernel.blocks_per_sm(z.smem)?;
             z.fit(&cfg, per_sm, gpu.info.sm_count as usize)?;
             // the batch kernel's blocks: what the persistent kernel's leave
@@ -181,8 +183,7 @@ impl SearchServer {
             // would hang every batch after it)
             let sms = gpu.info.sm_count as usize;
             let (batch_per_sm, batch_regs) = BatchKernel::occupancy(&kernel.module, z.smem)?;
-            let room =
-                z.slots * z.ctas + BATCH_ROOM_PER_SM * sms <= per_sm * sms && batch_regs <= kernel.registers()?;
+            let room = z.slots * z.ctas + z.batch_room() * sms <= per_sm * sms && batch_regs <= kernel.registers()?;
             let batch_blocks = if room {
                 (batch_per_sm * sms).saturating_sub(z.slots * z.ctas).clamp(BATCH_ROOM_PER_SM * sms, MAX_BATCH_BLOCKS)
             } else {
@@ -219,6 +220,7 @@ impl SearchServer {
             let info = ServerInfo {
                 slots: z.slots,
                 ctas_per_slot: z.ctas,
+                cta_warps: z.warps,
                 groups: z.groups,
                 sm_count: gpu.info.sm_count,
                 blocks_per_sm: per_sm as u32,

@@ -8,6 +8,8 @@
 # 64 clients, each query's vector read from a table of the 1000 query
 # vectors; last, PostgreSQL's own floor: pgbench of a primary-key lookup of
 # that table (SELECT v FROM queries WHERE id = :qid) at 16 and 64 clients.
+# Each pgbench line gives the machine's CPU busy share over its run; after
+# each, the worker thread's counters so far ('requests').
 #
 #   RESTART="pg_ctl -D ... -w restart" bash tests/gpu/latency.sh DIR OP EF
 #   env: SPINS ("200 0": the default, then sleeping at once), CLIENTS ("1 16 64"), SECS (5), OUT

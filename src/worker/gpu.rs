@@ -80,10 +80,13 @@ impl GpuSearch {
             // pages with their exact distances (client::verify), and at 768
             // dimensions the kernel took 276 us a query on fp32 rows against
             // 197 us on fp16 rows at ef 40 (H200, docs/benchmarks.md)
+            // As many GPU slots as the ring has, where the device allows:
+            // two-warp CTAs halve them (a small GPU then takes one warp).
             let cfg = ServerConfig {
                 allow_fault_injection: true,
                 groups: 1,
                 half_rows: HalfRows::Rounded,
+                min_slots: crate::gucs::WORKER_SLOTS.get() as usize,
                 ..ServerConfig::default()
             };
             let server = SearchServer::start(&gpu, cfg).map_err(|e| e.to_string())?;

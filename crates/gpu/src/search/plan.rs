@@ -42,6 +42,11 @@ pub struct ServerConfig {
     pub max_sleep_ns: u32,
     /// Enables [`crate::search::SearchServer::inject_fault`] (tests only).
     pub allow_fault_injection: bool,
+    /// Slots the caller wants at least (the worker: its ring's): where
+    /// the default warps a CTA ([`DEFAULT_CTA_WARPS`], `cta_warps` 0)
+    /// would leave fewer, the server takes one warp a CTA (a small GPU:
+    /// twice the CTAs resident). 0 = no such wish.
+    pub min_slots: usize,
     /// How a query's `ef` becomes a plan.
     pub policy: SearchPolicy,
     /// Resident blocks per SM the batch kernel is compiled for (its
@@ -91,6 +96,7 @@ impl Default for ServerConfig {
             half_rows: HalfRows::WhenExact,
             max_sleep_ns: 20_000,
             allow_fault_injection: false,
+            min_slots: 0,
             policy: SearchPolicy::default(),
             batch_min_blocks: DEFAULT_BATCH_MIN_BLOCKS,
         }
@@ -287,6 +293,12 @@ impl Sizing {
         Ok(())
     }
 
+    /// Whether these sizes (fitted) have fewer slots than `cfg` wants while
+    /// its CTAs' warps are the default of several: then one warp a CTA.
+    pub fn fewer_than_wanted(&self, cfg: &ServerConfig) -> bool {
+        cfg.cta_warps == 0 && self.warps > 1 && self.slots < cfg.min_slots
+    }
+
     /// Blocks of the persistent kernel an SM leaves to the batch kernel's
     /// warps.
     pub fn batch_room(&self) -> usize {
@@ -341,6 +353,18 @@ mod tests {
         one.fit(&ServerConfig::default(), 12, 132).unwrap();
         assert_eq!((one.slots, one.groups), (256, 8));
         assert!(Sizing::new(&ServerConfig { cta_warps: 3, ..ServerConfig::default() }).is_err());
+        // a ring of 128 slots: two warps keep 132 on 132 SMs; on 58 SMs
+        // (6 blocks an SM) they would leave 58, so one warp a CTA
+        let want = ServerConfig { min_slots: 128, ..ServerConfig::default() };
+        let mut big = Sizing::new(&want).unwrap();
+        big.fit(&want, 6, 132).unwrap();
+        assert!(!big.fewer_than_wanted(&want));
+        let mut small = Sizing::new(&want).unwrap();
+        small.fit(&want, 6, 58).unwrap();
+        assert_eq!(small.slots, 58);
+        assert!(small.fewer_than_wanted(&want));
+        let fixed = ServerConfig { cta_warps: 2, ..want.clone() };
+        assert!(!small.fewer_than_wanted(&fixed));
         assert!(z.fit(&ServerConfig { slots: 500, ..ServerConfig::default() }, 12, 132).is_err());
         assert!(Sizing::new(&ServerConfig { ctas_per_slot: 33, ..ServerConfig::default() }).is_err());
     }

@@ -172,16 +172,18 @@ impl SearchServer {
     /// once before `start`, or CUDA_MODULE_LOADING=EAGER, are safe.)
     pub fn start(gpu: &Gpu, cfg: ServerConfig) -> Result<SearchServer, GpuError> {
         guard("starting the GPU search server", || {
-            let mut z = Sizing::new(&cfg)?;
-            let kernel = Kernel::load(gpu, z.smem, cfg.batch_min_blocks, z.warps as u32)?;
-            let per_sm = kernel.blocks_per_sm(z.smem)?;
-            z.fit(&cfg, per_sm, gpu.info.sm_count as usize)?;
+            let sms = gpu.info.sm_count as usize;
+            let (mut z, mut kernel, mut per_sm) = sized(gpu, &cfg)?;
+            if z.fewer_than_wanted(&cfg) {
+                // the default warps a CTA leave fewer slots than the caller
+                // wants: one warp a CTA (this kernel is never launched)
+                (z, kernel, per_sm) = sized(gpu, &ServerConfig { cta_warps: 1, ..cfg.clone() })?;
+            }
             // the batch kernel's blocks: what the persistent kernel's leave
             // resident, each with a visited table; none (batches refused)
             // unless each SM sub-partition keeps room for one of its warps
             // beside the persistent kernel's (a block that can never start
             // would hang every batch after it)
-            let sms = gpu.info.sm_count as usize;
             let (batch_per_sm, batch_regs) = BatchKernel::occupancy(&kernel.module, z.smem)?;
             let room = z.slots * z.ctas + z.batch_room() * sms <= per_sm * sms && batch_regs <= kernel.registers()?;
             let batch_blocks = if room {
@@ -641,4 +643,14 @@ impl Drop for Inner {
         }
         // else the kernel may still run and read them: leaked on purpose
     }
+}
+
+/// The server's sizes for `cfg` with its kernel compiled and loaded, and
+/// the kernel's resident blocks per SM.
+fn sized(gpu: &Gpu, cfg: &ServerConfig) -> Result<(Sizing, Kernel, usize), GpuError> {
+    let mut z = Sizing::new(cfg)?;
+    let kernel = Kernel::load(gpu, z.smem, cfg.batch_min_blocks, z.warps as u32)?;
+    let per_sm = kernel.blocks_per_sm(z.smem)?;
+    z.fit(cfg, per_sm, gpu.info.sm_count as usize)?;
+    Ok((z, kernel, per_sm))
 }

@@ -154,7 +154,6 @@ static EXIT_CALLBACK: std::sync::Once = std::sync::Once::new();
 /// A claimed slot; dropping it lets go of the slot in whatever state it is
 /// (also when an ERROR unwinds through the wait).
 struct Claim {
-    shared: &'static Shared,
     slot: &'static Slot,
     seq: u64,
 }
@@ -173,8 +172,7 @@ impl Claim {
                 .call_once(|| unsafe { pg_sys::before_shmem_exit(Some(let_go_at_exit), pg_sys::Datum::from(0)) });
             HELD_SEQ.store(seq, Ordering::Relaxed);
             HELD_SLOT.store(i, Ordering::Relaxed);
-            shared.waiting.fetch_add(1, Ordering::Relaxed);
-            Some(Claim { shared, slot: &slots[i], seq })
+            Some(Claim { slot: &slots[i], seq })
         })
     }
 }
@@ -183,7 +181,6 @@ impl Drop for Claim {
     fn drop(&mut self) {
         self.slot.abandon(self.seq);
         HELD_SLOT.store(usize::MAX, Ordering::Relaxed);
-        self.shared.waiting.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -192,9 +189,8 @@ unsafe extern "C-unwind" fn let_go_at_exit(_code: i32, _arg: pg_sys::Datum) {
     let i = HELD_SLOT.load(Ordering::Relaxed);
     if let (Some(s), true) = (shared(), i != usize::MAX) {
         s.slots()[i].abandon(HELD_SEQ.load(Ordering::Relaxed));
-        // the claim was never dropped (a FATAL while waiting): it waits no more
+        // the claim was never dropped (a FATAL while waiting): let go once
         HELD_SLOT.store(usize::MAX, Ordering::Relaxed);
-        s.waiting.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -219,7 +215,7 @@ unsafe fn ask(index: pg_sys::Relation, meta: &Meta, query: &[f32], ef: usize) ->
 }
 
 /// How long a request waits for its answer, and whether it polls first
-/// (scans: see [`spin_for`]).
+/// (scans: see [`wait`]).
 #[derive(Clone, Copy)]
 struct Patience {
     timeout: Duration,

@@ -27,8 +27,6 @@ pub struct Shared {
     pub worker_starts: AtomicU64,
     /// what the running worker searches with: [`DEVICE_CPU`] or [`DEVICE_GPU`]
     pub worker_device: AtomicU32,
-    /// backends holding a slot now (asked the worker, not answered yet)
-    pub waiting: AtomicU32,
     pub counters: Counters,
     pub residents: ResidentTable,
     /// backends building an index on the GPU now (see `gpu_builds`)

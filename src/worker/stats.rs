@@ -302,8 +302,6 @@ struct Ring {
     starts: u64,
     slots: u32,
     slots_in_use: usize,
-    /// backends waiting on the worker now
-    waiting: u32,
 }
 
 #[derive(Serialize)]
@@ -391,7 +389,6 @@ fn ring(s: &Shared) -> Ring {
         starts: get(&s.worker_starts),
         slots: s.nslots,
         slots_in_use: s.slots().iter().filter(|slot| slot.state().1 != State::Free).count(),
-        waiting: s.waiting.load(Ordering::Relaxed),
     }
 }
 
@@ -503,11 +500,11 @@ mod tests {
     fn absent_values_are_null_and_the_ring_only_when_preloaded() {
         let alone = Worker { state: "not preloaded", ring: None };
         assert_eq!(serde_json::to_value(alone).unwrap(), json!({"state": "not preloaded"}));
-        let ring = Ring { pid: None, device: None, starts: 1, slots: 8, slots_in_use: 0, waiting: 0 };
+        let ring = Ring { pid: None, device: None, starts: 1, slots: 8, slots_in_use: 0 };
         let absent = Worker { state: "absent", ring: Some(ring) };
         assert_eq!(
             serde_json::to_value(absent).unwrap(),
-            json!({"state": "absent", "pid": null, "device": null, "starts": 1, "slots": 8, "slots_in_use": 0, "waiting": 0})
+            json!({"state": "absent", "pid": null, "device": null, "starts": 1, "slots": 8, "slots_in_use": 0})
         );
         let info = SearchInfo { worker: "running", resident: None };
         assert_eq!(serde_json::to_value(info).unwrap(), json!({"worker": "running", "resident": null}));

@@ -127,6 +127,15 @@ struct FilterParams {
 #define GG_SEQ_LIMIT 134217726u  // (1 << 27) - 2
 #define GG_CMD_QUIT 0xFFFFFFFFu
 #define GG_CMD_FAULT 0xFFFFFFFEu  // test switch: an illegal address
+// Doorbell entries (SearchParams.doorbell, mapped host memory, a ring of
+// 2^ring_log2 u64): lap tag << 48 | slot << 24 | the request's 16-byte
+// chunks; the tag of entry i is (i >> ring_log2) + 1 (low 16 bits), so an
+// entry of the last lap (or the zeroed ring) never looks posted. The slot
+// GG_RING_QUIT asks the dispatcher to quit every slot.
+#define GG_RING_TAG_SHIFT 48u
+#define GG_RING_SLOT_SHIFT 24u
+#define GG_RING_LEN_MASK 0xFFFFFFu
+#define GG_RING_QUIT 0xFFFFFFu
 // ResultHead.expanded when the request named no loaded index
 #define GG_OUT_BAD_INDEX 0xFFFFFFFFu
 // Neighbour ids gathered per step: beam * degree <= GG_CAND_CAP, so at most
@@ -236,6 +245,13 @@ struct SearchParams {
     u32 list_cap;
     u32 max_qwords;
     u32 max_sleep_ns;
+    u64 doorbell;   // the doorbell ring (mapped host memory); 0: none, the
+                    // host writes the slot words itself
+    u64 staging;    // req_stride bytes per slot: the requests as the host
+                    // wrote them (mapped host memory), copied by the
+                    // dispatcher to `reqs`
+    u32 ring_log2;  // entries of the ring: 2^ring_log2
+    u32 pad;
 };
 
 // The large-batch kernel's one parameter (search_batch, passed by value):

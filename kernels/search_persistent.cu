@@ -11,16 +11,19 @@
 // ServerConfig::cta_warps). Block b serves query slot b / ctas_per_slot as
 // its CTA number t = b % ctas_per_slot; its warp 0 does the whole search,
 // the others only help with the distance loops of several passes (see
-// team_helper). The host chose the grid from the occupancy API so that
+// team_helper); with the doorbell one block more, the last, dispatches the
+// requests (dispatch). The host chose the grid from the occupancy API so that
 // every block is resident at once: a spinning block that is not resident
 // would never let the others finish (deadlock).
 //
 // Slot protocol (ALGAS section IV-A / V-A, no GDRCopy):
-//   cmd[slot]     device memory, written only by the host with
-//                 cuStreamWriteValue32 on a side stream, right after the
-//                 async copy of the request (header + query) into
-//                 reqs[slot] on the same stream, so the request is in
-//                 device memory before the word changes. Values: "Work" =
+//   cmd[slot]     device memory, written by the dispatcher (the doorbell,
+//                 the default: see dispatch) right after its copy of the
+//                 request (header + query) into reqs[slot], or by the host
+//                 with cuStreamWriteValue32 on a side stream right after
+//                 the async copy of the request on the same stream; either
+//                 way the request is in device memory before the word
+//                 changes. Values: "Work" =
 //                 seq << 5 | (ctas - 1), seq = 1, 2, ... per slot (27 bits;
 //                 the host clears the slot's visited table and starts again
 //                 at 1 before it would wrap), GG_CMD_QUIT, GG_CMD_FAULT (test
@@ -109,6 +112,22 @@ __device__ __forceinline__ u64 ld_relaxed_u64(const u64* p) {
     u64 v;
     asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
     return v;
+}
+// mapped host memory (the doorbell ring, the staged requests): every read
+// goes over PCIe, none is served by a cache from an earlier lap
+__device__ __forceinline__ u64 ld_acquire_sys_u64(const u64* p) {
+    u64 v;
+    asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ void ld_volatile_v4(const void* p, u32& a, u32& b, u32& c, u32& d) {
+    asm volatile("ld.volatile.global.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(a), "=r"(b), "=r"(c), "=r"(d)
+                 : "l"(p)
+                 : "memory");
+}
+__device__ __forceinline__ void st_release_gpu(u32* p, u32 v) {
+    asm volatile("st.release.gpu.global.u32 [%0], %1;" : : "l"(p), "r"(v) : "memory");
 }
 __device__ __forceinline__ u32 atom_add_sys(u32* p, u32 v) {
     u32 old;
@@ -869,6 +888,74 @@ __device__ __forceinline__ u32 search_one(const IndexDesc& ix, const Smem& S, u6
     return written;
 }
 
+// ------------------------------------------------------------ dispatcher
+
+// The doorbell (P.doorbell != 0; the grid's last block, warp 0): the host
+// writes a query's request into its slot's staging bytes in mapped host
+// memory and posts an entry on the ring there -- no driver call. The
+// dispatcher reads the next 32 entries in one round trip over PCIe, copies
+// each posted request into its slot's device buffer (each lane's loads all
+// issued before its stores) and writes the slot word, which the slot's
+// CTAs poll in device memory as before. This replaces a copy and a stream
+// write a query: the copy engine's start-up and the driver calls on the
+// host's thread. (An earlier try had the CTAs read the request's fields
+// from host memory one by one, a PCIe round trip each: 11 us more a query.)
+#define COPY_ROUND 8u
+__device__ void dispatch(const SearchParams& P, u32 lane) {
+    const u64* ring = (const u64*)P.doorbell;
+    const u32 mask = (1u << P.ring_log2) - 1u;
+    u32* cmd = (u32*)P.cmd;
+    const u32 slots = (gridDim.x - 1u) / P.ctas_per_slot;
+    u32 head = 0, idle = 0;
+    for (;;) {
+        const u32 at = head + lane;
+        const u64 e = ld_acquire_sys_u64(ring + (at & mask));
+        const u32 tag = ((at >> P.ring_log2) + 1u) & 0xFFFFu;
+        const u32 bal = __ballot_sync(FULL_MASK, (u32)(e >> GG_RING_TAG_SHIFT) == tag);
+        // the entries posted in a row from `head` (a later one waits for
+        // an earlier one whose host thread has not written it yet)
+        const u32 n = bal == FULL_MASK ? 32u : __ffs(~bal) - 1u;
+        if (n == 0) {
+            ++idle;
+            nanosleep_ns(idle < 65536 ? 32u : P.max_sleep_ns);
+            continue;
+        }
+        idle = 0;
+        for (u32 j = 0; j < n; j++) {
+            const u64 ej = __shfl_sync(FULL_MASK, e, j);
+            const u32 slot = (u32)(ej >> GG_RING_SLOT_SHIFT) & GG_RING_LEN_MASK;
+            if (slot == GG_RING_QUIT) {
+                for (u32 s = lane; s < slots; s += 32) st_release_gpu(cmd + s, GG_CMD_QUIT);
+                return;
+            }
+            const u32 chunks = (u32)ej & GG_RING_LEN_MASK;
+            const unsigned char* src = (const unsigned char*)P.staging + (u64)slot * P.req_stride;
+            unsigned char* dst = (unsigned char*)P.reqs + (u64)slot * P.req_stride;
+            u32 c = 0;
+            for (u32 base = 0; base < chunks; base += 32u * COPY_ROUND) {
+                u32 w[COPY_ROUND][4];
+#pragma unroll
+                for (u32 u = 0; u < COPY_ROUND; u++) {
+                    const u32 i = base + u * 32u + lane;
+                    if (i < chunks) ld_volatile_v4(src + (u64)i * 16u, w[u][0], w[u][1], w[u][2], w[u][3]);
+                }
+#pragma unroll
+                for (u32 u = 0; u < COPY_ROUND; u++) {
+                    const u32 i = base + u * 32u + lane;
+                    if (i < chunks) st_v4(dst + (u64)i * 16u, w[u][0], w[u][1], w[u][2], w[u][3]);
+                }
+                if (base == 0 && lane == 0) c = w[0][0];  // RequestHead.cmd
+            }
+            c = __shfl_sync(FULL_MASK, c, 0);
+            // the request before its slot word
+            __threadfence();
+            __syncwarp();
+            if (lane == 0) st_release_gpu(cmd + slot, c);
+        }
+        head += n;
+    }
+}
+
 // The one parameter is __grid_constant__: read in place from the parameter
 // space. Without it the compiler copies the struct to local memory, and the
 // kernel drops from 154 registers to 128 with spills (about 15% fewer
@@ -885,6 +972,10 @@ extern "C" __global__ void __launch_bounds__(32 * GG_WARPS)
     const Smem S = carve(smem, max_qwords, list_cap);
 
     const u32 lane = threadIdx.x & 31u;
+    if (P.doorbell != 0 && blockIdx.x == gridDim.x - 1u) {
+        if (threadIdx.x < 32) dispatch(P, lane);
+        return;
+    }
 #if GG_WARPS > 1
     if (threadIdx.x >= 32) {
         team_helper(threadIdx.x >> 5, lane);
@@ -928,7 +1019,8 @@ extern "C" __global__ void __launch_bounds__(32 * GG_WARPS)
         const u32 ctas = (c & 31u) + 1u;
         if (t >= ctas) continue;  // this CTA sits the query out
         const u64 picked = globaltimer();
-        // the request is in device memory before cmd changed (stream order);
+        // the request is in device memory before cmd changed (stream order,
+        // or the dispatcher's fence);
         // its own sequence word says so (and nobody rewrites it before this
         // CTA arrives below)
         while (ld_cg_u32(&req->cmd) != c) nanosleep_ns(32);

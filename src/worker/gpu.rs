@@ -87,6 +87,9 @@ impl GpuSearch {
                 groups: 1,
                 half_rows: HalfRows::Rounded,
                 min_slots: crate::gucs::WORKER_SLOTS.get() as usize,
+                // the A/B of the doorbell (docs/benchmarks.md): the
+                // server's environment, as GPU_GRAPH_SEARCH_NVRTC_OPTIONS
+                copy_requests: std::env::var_os("GPU_GRAPH_COPY_REQUESTS").is_some_and(|v| v == "1"),
                 ..ServerConfig::default()
             };
             let server = SearchServer::start(&gpu, cfg).map_err(|e| e.to_string())?;
@@ -97,11 +100,12 @@ impl GpuSearch {
     pub fn describe(&self) -> String {
         let i = self.server.info();
         format!(
-            "{} ({} query slots of {} CTAs of {} warps)",
+            "{} ({} query slots of {} CTAs of {} warps{})",
             self.gpu.info().name,
             i.slots,
             i.ctas_per_slot,
-            i.cta_warps
+            i.cta_warps,
+            if i.doorbell { "" } else { ", requests copied" }
         )
     }
 

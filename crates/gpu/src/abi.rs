@@ -84,6 +84,10 @@ abi_consts! {
     SEQ_LIMIT: u32 = (1 << 27) - 2;
     CMD_QUIT: u32 = 0xFFFF_FFFF;
     CMD_FAULT: u32 = 0xFFFF_FFFE;
+    RING_TAG_SHIFT: u32 = 48;
+    RING_SLOT_SHIFT: u32 = 24;
+    RING_LEN_MASK: u32 = 0xFF_FFFF;
+    RING_QUIT: u32 = 0xFF_FFFF;
     OUT_BAD_INDEX: u32 = 0xFFFF_FFFF;
     MAX_BEAM_ROWS: u32 = 8;
     CAND_CAP: u32 = 256;
@@ -201,6 +205,10 @@ abi_structs! {
         pub list_cap: u32,
         pub max_qwords: u32,
         pub max_sleep_ns: u32,
+        pub doorbell: u64,
+        pub staging: u64,
+        pub ring_log2: u32,
+        pub pad: u32,
     }
 
     /// The large-batch kernel's one parameter, passed by value.

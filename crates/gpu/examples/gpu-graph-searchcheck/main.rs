@@ -71,6 +71,10 @@ struct Opts {
     /// Warps of each CTA (0: the server's default).
     #[arg(long, default_value_t = 0)]
     cta_warps: usize,
+    /// Queries reach the kernel by a driver copy and stream write each, not
+    /// through the doorbell (the A/B).
+    #[arg(long)]
+    copy_requests: bool,
     /// The search policy (key=value,...).
     #[arg(long, default_value = "")]
     policy: String,
@@ -246,6 +250,7 @@ fn start_server(gpu: &Gpu, o: &Opts, pol: Pol) -> SearchServer {
         slots: o.slots,
         ctas_per_slot: pol.ctas,
         cta_warps: o.cta_warps,
+        copy_requests: o.copy_requests,
         policy: pol.policy,
         batch_min_blocks: o.batch_min_blocks,
         ..ServerConfig::default()
@@ -254,12 +259,13 @@ fn start_server(gpu: &Gpu, o: &Opts, pol: Pol) -> SearchServer {
     let server = SearchServer::start(gpu, cfg).unwrap_or_else(|e| fatal(&format!("SearchServer::start: {e}")));
     let si = server.info();
     println!(
-        "server: started in {:.0} ms (compile+load {:.0} ms): {} slots x {} CTAs of {} warps ({} blocks/SM x {} SMs resident, {} B shared each), {} groups, visited 2^{} per slot, stream mem ops {}, {} MiB device, {} MiB pinned",
+        "server: started in {:.0} ms (compile+load {:.0} ms): {} slots x {} CTAs of {} warps, {} ({} blocks/SM x {} SMs resident, {} B shared each), {} groups, visited 2^{} per slot, stream mem ops {}, {} MiB device, {} MiB pinned",
         t.elapsed().as_secs_f64() * 1e3,
         si.compile_ms,
         si.slots,
         si.ctas_per_slot,
         si.cta_warps,
+        if si.doorbell { "doorbell" } else { "copied requests" },
         si.blocks_per_sm,
         si.sm_count,
         si.shared_bytes,

@@ -47,6 +47,13 @@ pub struct ServerConfig {
     /// would leave fewer, the server takes one warp a CTA (a small GPU:
     /// twice the CTAs resident). 0 = no such wish.
     pub min_slots: usize,
+    /// How a query reaches the kernel: false (the default), through the
+    /// doorbell, the request written to mapped host memory and a ring
+    /// entry posted there, which one block of the kernel reads and
+    /// dispatches (no driver call a query); true, an async copy of the
+    /// request and a stream write of the slot word (the A/B of
+    /// docs/benchmarks.md).
+    pub copy_requests: bool,
     /// How a query's `ef` becomes a plan.
     pub policy: SearchPolicy,
     /// Resident blocks per SM the batch kernel is compiled for (its
@@ -97,6 +104,7 @@ impl Default for ServerConfig {
             max_sleep_ns: 20_000,
             allow_fault_injection: false,
             min_slots: 0,
+            copy_requests: false,
             policy: SearchPolicy::default(),
             batch_min_blocks: DEFAULT_BATCH_MIN_BLOCKS,
         }
@@ -228,6 +236,10 @@ pub(crate) struct Sizing {
     pub result_stride: usize,
     /// dynamic shared memory of one CTA
     pub smem: usize,
+    /// the doorbell's dispatcher block (not `copy_requests`)
+    pub doorbell: bool,
+    /// log2 of the doorbell ring's entries
+    pub ring_log2: u32,
 }
 
 impl Sizing {
@@ -266,6 +278,8 @@ impl Sizing {
             cta_block,
             result_stride: (ctas * cta_block).next_multiple_of(128),
             smem: abi::search_smem_bytes(max_qwords as u32, list_cap as u32) as usize,
+            doorbell: !cfg.copy_requests,
+            ring_log2: 0,
         })
     }
 
@@ -273,11 +287,13 @@ impl Sizing {
     /// must be resident at once (a spinning CTA that is not would never let
     /// the others finish).
     pub fn fit(&mut self, cfg: &ServerConfig, blocks_per_sm: usize, sm_count: usize) -> Result<(), GpuError> {
-        let resident = blocks_per_sm * sm_count;
+        // the dispatcher's block is resident beside the slots' CTAs (by
+        // default in the batch kernel's room, which it hardly dents)
+        let resident = (blocks_per_sm * sm_count).saturating_sub(self.doorbell as usize);
         // by default one warp an SM sub-partition (4 an SM) is left to the
         // batch kernel, whose blocks could otherwise never start
         let slots = if cfg.slots == 0 {
-            (resident.saturating_sub(self.batch_room() * sm_count) / self.ctas).clamp(1, 256)
+            ((blocks_per_sm * sm_count).saturating_sub(self.batch_room() * sm_count) / self.ctas).clamp(1, 256)
         } else {
             cfg.slots
         };
@@ -289,6 +305,9 @@ impl Sizing {
             )));
         }
         self.slots = slots;
+        // at most one entry a slot and the quit are ever posted and not
+        // yet read, and the dispatcher reads 32 at a time
+        self.ring_log2 = (2 * slots + 2).next_power_of_two().max(64).trailing_zeros();
         self.groups = if cfg.groups == 0 { slots.min(8) } else { cfg.groups.min(slots) }.max(1);
         Ok(())
     }
@@ -297,6 +316,11 @@ impl Sizing {
     /// its CTAs' warps are the default of several: then one warp a CTA.
     pub fn fewer_than_wanted(&self, cfg: &ServerConfig) -> bool {
         cfg.cta_warps == 0 && self.warps > 1 && self.slots < cfg.min_slots
+    }
+
+    /// Blocks of the persistent kernel's grid.
+    pub fn blocks(&self) -> usize {
+        self.slots * self.ctas + self.doorbell as usize
     }
 
     /// Blocks of the persistent kernel an SM leaves to the batch kernel's
@@ -315,7 +339,7 @@ impl Sizing {
     }
     /// Pinned host bytes.
     pub fn pinned_bytes(&self) -> usize {
-        self.slots * (self.req_stride + self.result_stride + FINISH_STRIDE_WORDS * 4 + 4)
+        self.slots * (self.req_stride + self.result_stride + FINISH_STRIDE_WORDS * 4 + 4) + (8 << self.ring_log2)
     }
 }
 
@@ -366,6 +390,16 @@ mod tests {
         let fixed = ServerConfig { cta_warps: 2, ..want.clone() };
         assert!(!small.fewer_than_wanted(&fixed));
         assert!(z.fit(&ServerConfig { slots: 500, ..ServerConfig::default() }, 12, 132).is_err());
+        // the doorbell's dispatcher takes one resident block: 6 x 132 / 4
+        // slots fill every block without it
+        let full = ServerConfig { slots: 198, ..ServerConfig::default() };
+        assert!(z.fit(&full, 6, 132).is_err());
+        assert_eq!((z.fit(&ServerConfig { slots: 197, ..full.clone() }, 6, 132), z.blocks()), (Ok(()), 197 * 4 + 1));
+        let copy = ServerConfig { copy_requests: true, ..full };
+        let mut c = Sizing::new(&copy).unwrap();
+        c.fit(&copy, 6, 132).unwrap();
+        assert_eq!(c.blocks(), 198 * 4);
+        assert_eq!(z.ring_log2, 9);
         assert!(Sizing::new(&ServerConfig { ctas_per_slot: 33, ..ServerConfig::default() }).is_err());
     }
 }

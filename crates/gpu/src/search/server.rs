@@ -78,6 +78,9 @@ pub struct ServerInfo {
     pub ctas_per_slot: usize,
     /// warps of each CTA
     pub cta_warps: usize,
+    /// queries reach the kernel through the doorbell (else copies and
+    /// stream writes: `ServerConfig::copy_requests`)
+    pub doorbell: bool,
     pub groups: usize,
     pub sm_count: u32,
     /// resident blocks per SM of the kernel at its shared memory size
@@ -218,11 +221,12 @@ impl SearchServer {
                 ..SearchParams::default()
             };
             slots.params(&mut params);
-            kernel.launch(params, z.slots * z.ctas, z.smem)?;
+            kernel.launch(params, z.blocks(), z.smem)?;
             let info = ServerInfo {
                 slots: z.slots,
                 ctas_per_slot: z.ctas,
                 cta_warps: z.warps,
+                doorbell: z.doorbell,
                 groups: z.groups,
                 sm_count: gpu.info.sm_count,
                 blocks_per_sm: per_sm as u32,
@@ -321,16 +325,20 @@ impl SearchServer {
         Inner::submit(&self.inner, None, index, query, k, &self.plan(k, ef), false)
     }
 
-    /// As [`SearchServer::submit`], but the query waits on the host until
+    /// As [`SearchServer::submit`], but without the doorbell
+    /// (`ServerConfig::copy_requests`) the query waits on the host until
     /// [`SearchServer::send_held`]: a thread with many queries at once sends
-    /// them with two driver calls instead of two a query.
+    /// them with two driver calls instead of two a query. (On the doorbell
+    /// it goes at once: posting costs no driver call.)
     pub fn submit_held(&self, index: ResidentId, query: &[f32], k: usize, ef: usize) -> Result<Ticket, SearchError> {
         Inner::submit(&self.inner, None, index, query, k, &self.plan(k, ef), true)
     }
 
     /// Sends every query `submit_held` holds; how many.
     pub fn send_held(&self) -> Result<usize, SearchError> {
-        self.inner.slots.send_held().map_err(|why| self.inner.health.poison(why, true))
+        let i = &self.inner;
+        let posted = i.slots.post_deferred(i.registry.patched()).map_err(|why| i.health.poison(why, true))?;
+        Ok(posted + i.slots.send_held().map_err(|why| i.health.poison(why, true))?)
     }
 
     /// Submits with an explicit plan (measurements).
@@ -544,11 +552,7 @@ impl Inner {
         };
         let mut st = this.slots.state(slot);
         // the index's patches so far land before this query starts
-        let (epoch, patched) = this.registry.patched();
-        let sent = this
-            .slots
-            .order_after(slot, epoch, patched)
-            .and_then(|()| this.slots.send(slot, &mut st, &res, query, k, plan, hold));
+        let sent = this.slots.send(slot, &mut st, &res, query, k, plan, hold, this.registry.patched());
         match sent {
             Ok(cmd) => Ok(Ticket { inner: Arc::downgrade(this), slot, cmd, done: false }),
             Err(why) => {
@@ -563,6 +567,8 @@ impl Inner {
             return Err(SearchError::Invalid("this ticket was already answered".into()));
         }
         if self.slots.finish_word(t.slot) != t.cmd {
+            // a query deferred for a patch goes once the patch landed
+            self.slots.post_deferred(self.registry.patched()).map_err(|why| self.health.poison(why, true))?;
             self.health.check(&self.kernel, false)?;
             if self.stopped.load(std::sync::atomic::Ordering::Acquire) {
                 return Err(SearchError::Closed);
@@ -590,6 +596,7 @@ impl Inner {
                 if Instant::now() > deadline || self.health.is_poisoned() {
                     break;
                 }
+                let _ = self.slots.post_deferred(self.registry.patched());
                 std::thread::sleep(Duration::from_micros(100));
             }
             (exited, result) = self.stop_kernel();

@@ -2,11 +2,19 @@
 //! of kernels/search_persistent.cu):
 //!
 //! * Submit: the request (abi.h's RequestHead, then the query) is written to
-//!   the slot's pinned staging buffer, copied to the slot's device buffer,
-//!   then cuStreamWriteValue32 on the same (per-group) stream sets the
-//!   slot's device word to `seq << 5 | (ctas - 1)`. Stream order puts the
-//!   request in device memory before the word changes. The kernel polls only
-//!   that device-local word.
+//!   the slot's staging bytes in mapped pinned memory. With the doorbell
+//!   (the default) an entry naming the slot is posted on a ring in mapped
+//!   memory, and the kernel's dispatcher copies the request to the slot's
+//!   device buffer and sets the slot's device word to
+//!   `seq << 5 | (ctas - 1)`: no driver call. Without it
+//!   (`ServerConfig::copy_requests`) the request is copied by the driver
+//!   and cuStreamWriteValue32 on the same (per-group) stream sets the word;
+//!   stream order puts the request in device memory first. The kernel's
+//!   CTAs poll only that device-local word.
+//! * A query waits for the index's patches so far: on the doorbell, the
+//!   host posts it once the last patch's event has completed (until then it
+//!   is deferred, and sent by the next `send_held` or poll); on streams, the
+//!   group's stream waits for that event.
 //! * Answer: each CTA writes its ResultHead and hits to mapped pinned host
 //!   memory, fences at system scope and arrives on a device counter; the last
 //!   one writes the slot's finish word (host memory) with the same value. The
@@ -108,6 +116,14 @@ pub(crate) struct Slots {
     results: Pinned,
     finish: Pinned,
     words: Pinned,
+    /// the doorbell ring (empty without the doorbell), its next entry,
+    /// the latest patch epoch known to have landed, and the queries that
+    /// wait for a later one: (slot, the request's 16-byte chunks, epoch)
+    ring: Pinned,
+    tail: AtomicU64,
+    landed: AtomicU64,
+    deferred: Mutex<Vec<(u32, u32, u64)>>,
+    n_deferred: AtomicUsize,
 }
 
 thread_local! {
@@ -141,10 +157,15 @@ impl Slots {
             done: zeroed(mgmt, slots, "the slot counters")?,
             reqs: zeroed(mgmt, slots * z.req_stride, "the request buffers")?,
             visited: zeroed(mgmt, slots << z.visited_log2, "the visited tables")?,
-            staging: Pinned::new(ctx, slots * z.req_stride, false, "the request staging")?,
+            staging: Pinned::new(ctx, slots * z.req_stride, z.doorbell, "the request staging")?,
             results: Pinned::new(ctx, slots * z.result_stride, true, "the result blocks")?,
             finish: Pinned::new(ctx, slots * FINISH_STRIDE_WORDS * 4, true, "the finish words")?,
             words: Pinned::new(ctx, slots * 4, false, "the slot word staging")?,
+            ring: Pinned::new(ctx, if z.doorbell { 8 << z.ring_log2 } else { 0 }, true, "the doorbell ring")?,
+            tail: AtomicU64::new(0),
+            landed: AtomicU64::new(0),
+            deferred: Mutex::new(Vec::new()),
+            n_deferred: AtomicUsize::new(0),
             z: z.clone(),
         };
         mgmt.synchronize().map_err(|e| cuda("clearing the slots", e))?;
@@ -177,6 +198,11 @@ impl Slots {
         p.ctas_per_slot = self.z.ctas as u32;
         p.list_cap = self.z.list_cap as u32;
         p.max_qwords = self.z.max_qwords as u32;
+        if self.z.doorbell {
+            p.doorbell = self.ring.device_addr();
+            p.staging = self.staging.device_addr();
+            p.ring_log2 = self.z.ring_log2;
+        }
     }
 
     pub fn count(&self) -> usize {
@@ -253,10 +279,12 @@ impl Slots {
         r.map_err(|e| format!("writing a slot word: {}", err_name(e.0)))
     }
 
-    /// Fills the slot's request (the slot is ours, `st` its locked state),
-    /// copies it to the device and writes the slot word, or with `hold`
-    /// leaves both to [`Slots::send_held`]. Err: the driver's error (the
-    /// context is then unusable).
+    /// Fills the slot's request (the slot is ours, `st` its locked state)
+    /// and sends it after the patches up to `after` (their epoch and the
+    /// last one's event): on the doorbell posts it (or defers it until the
+    /// patches landed); else copies it to the device and writes the slot
+    /// word, or with `hold` leaves both to [`Slots::send_held`]. Err: the
+    /// driver's error (the context is then unusable).
     #[allow(clippy::too_many_arguments)]
     pub fn send(
         &self,
@@ -267,7 +295,11 @@ impl Slots {
         k: usize,
         plan: &QueryPlan,
         hold: bool,
+        after: (u64, &CudaEvent),
     ) -> Result<u32, String> {
+        if !self.z.doorbell {
+            self.order_after(slot, after.0, after.1)?;
+        }
         let group = &self.groups[self.group_of[slot as usize] as usize];
         let stream = &group.stream;
         let mut seq = st.seq + 1;
@@ -279,6 +311,10 @@ impl Slots {
             // SAFETY: the slot's own table, inside `visited`.
             unsafe { result::memset_d8_async(at, 0, bytes, stream.cu_stream()) }
                 .map_err(|e| format!("clearing a visited table: {e:?}"))?;
+            if self.z.doorbell {
+                // the dispatcher is not ordered after the stream
+                stream.synchronize().map_err(|e| format!("clearing a visited table: {e:?}"))?;
+            }
             seq = 1;
         }
         let cmd = abi::cmd_word(seq, plan.ctas);
@@ -318,12 +354,74 @@ impl Slots {
         st.ctas = plan.ctas;
         st.k = k as u32;
         st.max_expand = plan.max_expand.max(1);
-        if hold {
+        if self.z.doorbell {
+            let chunks = src.len().div_ceil(16) as u32;
+            if self.landed(after.0, after.1)? {
+                self.post(slot, chunks);
+            } else {
+                self.deferred.lock().push((slot, chunks, after.0));
+                self.n_deferred.fetch_add(1, Ordering::AcqRel);
+            }
+        } else if hold {
             group.held.lock().push((slot, cmd, src.len()));
         } else {
             self.send_one(stream, slot, cmd, src.len())?;
         }
         Ok(cmd)
+    }
+
+    /// Whether the patches up to `epoch` (the last one's event `patched`)
+    /// have landed on the device.
+    fn landed(&self, epoch: u64, patched: &CudaEvent) -> Result<bool, String> {
+        if epoch <= self.landed.load(Ordering::Acquire) {
+            return Ok(true);
+        }
+        // the event's last record is patch `epoch`'s or a later one's
+        match patched.try_is_complete() {
+            Ok(true) => {
+                self.landed.fetch_max(epoch, Ordering::AcqRel);
+                Ok(true)
+            }
+            Ok(false) => Ok(false),
+            Err(e) => Err(format!("waiting for a patch: {e:?}")),
+        }
+    }
+
+    /// Posts `slot`'s staged request of `chunks` 16-byte chunks on the
+    /// doorbell ring (or, with `RING_QUIT`, the quit of every slot).
+    fn post(&self, slot: u32, chunks: u32) {
+        let i = self.tail.fetch_add(1, Ordering::AcqRel);
+        let log2 = self.z.ring_log2;
+        let tag = ((i >> log2) + 1) & 0xFFFF;
+        let entry = (tag << abi::RING_TAG_SHIFT) | ((slot as u64) << abi::RING_SLOT_SHIFT) | chunks as u64;
+        // SAFETY: entry i mod 2^log2 of the ring, 8-aligned, alive as long
+        // as self; the release orders the request's bytes before it (the
+        // dispatcher reads them after it, over PCIe, with acquire).
+        unsafe {
+            let e = (self.ring.ptr() as *const AtomicU64).add((i & ((1 << log2) - 1)) as usize);
+            (*e).store(entry, Ordering::Release);
+        }
+    }
+
+    /// Posts the deferred queries whose patches have landed (the patches
+    /// so far: `after`); how many.
+    pub fn post_deferred(&self, after: (u64, &CudaEvent)) -> Result<usize, String> {
+        if self.n_deferred.load(Ordering::Acquire) == 0 || !self.landed(after.0, after.1)? {
+            return Ok(0);
+        }
+        let landed = self.landed.load(Ordering::Acquire);
+        let mut d = self.deferred.lock();
+        let before = d.len();
+        d.retain(|&(slot, chunks, epoch)| {
+            let ready = epoch <= landed;
+            if ready {
+                self.post(slot, chunks);
+            }
+            !ready
+        });
+        let posted = before - d.len();
+        self.n_deferred.fetch_sub(posted, Ordering::AcqRel);
+        Ok(posted)
     }
 
     /// Copies the first `bytes` of `slot`'s staged request to the device and
@@ -493,9 +591,14 @@ impl Slots {
         })
     }
 
-    /// Quit in every slot: one copy of the whole word array on `mgmt`, after
-    /// the slot words still queued on the group streams.
+    /// Quit in every slot: on the doorbell a quit posted after every
+    /// request (the dispatcher writes the slot words, then returns); and one
+    /// copy of the whole word array on `mgmt`, after the slot words still
+    /// queued on the group streams.
     pub fn quit_all(&self, mgmt: &CudaStream) {
+        if self.z.doorbell {
+            self.post(abi::RING_QUIT, 0);
+        }
         for g in &self.groups {
             let _ = g.stream.synchronize();
         }

@@ -68,7 +68,8 @@
 //   * writes its first k live (not deleted) entries and a header to the
 //     slot's result block in mapped pinned host memory, fences at system
 //     scope, and arrives on the slot's device counter; the last CTA to
-//     arrive resets the counter, fences again and writes finish[slot].
+//     arrive resets the counter, fences again and writes finish[slot]
+//     (a query of one CTA writes it at once).
 //   The host merges the per-CTA lists with a heap and drops duplicates
 //   (ALGAS IV-B: no GPU merge kernel).
 //
@@ -1057,7 +1058,15 @@ extern "C" __global__ void __launch_bounds__(32 * GG_WARPS)
         }
         fence_sys();
         __syncwarp();
-        if (lane == 0) {
+        // (-DGG_ALWAYS_COUNT: every query counts its CTAs, the A/B of
+        // docs/benchmarks.md)
+#ifndef GG_ALWAYS_COUNT
+#define GG_ALWAYS_COUNT 0
+#endif
+        if (lane == 0 && ctas == 1 && !GG_ALWAYS_COUNT) {
+            // alone: no count of the CTAs that finished, no second fence
+            st_release_sys(finish + (u64)slot * P.finish_stride, c);
+        } else if (lane == 0) {
             const u32 a = atom_add_sys(done + slot, 1u);
             if (a == ctas - 1) {
                 // the last CTA of the query: reset the counter, then Finish

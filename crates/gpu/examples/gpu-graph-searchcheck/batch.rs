@@ -6,7 +6,8 @@
 use std::time::{Duration, Instant};
 
 use gpu_graph_engine::metric::Metric;
-use gpu_graph_gpu::search::{BatchAnswers, ResidentId, SearchServer};
+use gpu_graph_gpu::error::GpuError;
+use gpu_graph_gpu::search::{BatchAnswers, ResidentId, SearchError, SearchServer};
 
 use crate::common::{cpu_recall, Data, Verdict, K};
 use crate::{score, Indexes, WAIT};
@@ -54,6 +55,17 @@ pub fn run(
 ) {
     let si = server.info();
     println!("batch: {} blocks ({} resident per SM alone), one CTA a query", si.batch_blocks, si.batch_blocks_per_sm);
+    if let Some(why) = server.batch_refused_for(id) {
+        // refused by design (SearchServer::submit_batch): checked to be refused
+        v.check(
+            matches!(
+                server.submit_batch(id, &ix.l2_queries[0], K, efs[0], 0),
+                Err(SearchError::Gpu(GpuError::Unsupported(_)))
+            ),
+            format!("batch refused: {why}"),
+        );
+        return;
+    }
     let flat: Vec<f32> = ix.l2_queries.concat();
     let nq = ix.l2_queries.len();
     for (ei, &ef) in efs.iter().enumerate() {

@@ -401,12 +401,22 @@ impl SearchServer {
                 "batches: no room for the batch kernel beside the persistent kernel on this GPU".into(),
             )));
         }
+        if let Some(why) = batch_refused(&i.info, res.fmt.lanes) {
+            return Err(SearchError::Gpu(GpuError::Unsupported(why)));
+        }
         let plan = self.batch_plan(k, ef);
         if plan.list as usize > i.info.list_cap {
             return bad(format!("a beam of {} (at most {} in a batch)", plan.list, i.info.list_cap));
         }
         let r = i.batch.submit(&i.registry, res, queries, k, &plan, width).map_err(SearchError::from);
         i.fatal_or(r)
+    }
+
+    /// Why a batch of an index whose distances take `lanes` lanes each
+    /// is refused by this server (None: it is not).
+    pub fn batch_refused_for(&self, index: ResidentId) -> Option<String> {
+        let res = self.inner.registry.resident(index).ok()?;
+        batch_refused(&self.inner.info, res.fmt.lanes)
     }
 
     /// A batch's answers if the GPU has finished, without blocking: each
@@ -660,4 +670,21 @@ fn sized(gpu: &Gpu, cfg: &ServerConfig) -> Result<(Sizing, Kernel, usize), GpuEr
     let per_sm = kernel.blocks_per_sm(z.smem)?;
     z.fit(cfg, per_sm, gpu.info.sm_count as usize)?;
     Ok((z, kernel, per_sm))
+}
+
+/// Why the batch kernel is refused an index whose distances take `lanes`
+/// lanes each. Rows of more than 256 bytes a lane (fp32 rows beyond 1024
+/// dimensions: a whole warp a distance) beside a persistent kernel of
+/// two-warp CTAs: on an H200 such a batch never answered (1280 and 1536
+/// dimensions, 132 slots, with copied requests as well as the doorbell),
+/// while it did beside one-warp CTAs or only 32 slots, and at 1024
+/// dimensions (docs/benchmarks.md); the cause is not understood, and a
+/// kernel that never ends would hold its SMs for good, so such batches
+/// search on the CPU (the worker) until it is.
+fn batch_refused(info: &ServerInfo, lanes: u32) -> Option<String> {
+    (lanes >= 32 && info.cta_warps > 1).then(|| {
+        "batches of rows over 4 kB beside two-warp CTAs (a known hang, docs/benchmarks.md): one warp a CTA \
+         (ServerConfig::cta_warps) takes them"
+            .to_string()
+    })
 }

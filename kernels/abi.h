@@ -136,6 +136,9 @@ struct FilterParams {
 #define GG_RING_SLOT_SHIFT 24u
 #define GG_RING_LEN_MASK 0xFFFFFFu
 #define GG_RING_QUIT 0xFFFFFFu
+// The slot GG_RING_PATCH: the patch staged at SearchParams.patch_staging
+// (a PatchHead, then its bytes and its table of PatchCopy).
+#define GG_RING_PATCH 0xFFFFFEu
 // ResultHead.expanded when the request named no loaded index
 #define GG_OUT_BAD_INDEX 0xFFFFFFFFu
 // Neighbour ids gathered per step: beam * degree <= GG_CAND_CAP, so at most
@@ -180,6 +183,16 @@ struct PatchCopy {
     u64 dst;
     u32 src;
     u32 len;
+};
+
+// The head of a patch staged for the doorbell's dispatcher: `n` PatchCopy
+// at byte `table` of the staging buffer, whose `src` are byte offsets in
+// it; the dispatcher writes `seq` to SearchParams.patch_ack once applied.
+struct PatchHead {
+    u32 seq;
+    u32 n;
+    u32 table;
+    u32 pad;
 };
 
 // A query slot's request in device memory: this header, then qwords floats.
@@ -252,6 +265,8 @@ struct SearchParams {
                     // dispatcher to `reqs`
     u32 ring_log2;  // entries of the ring: 2^ring_log2
     u32 pad;
+    u64 patch_staging;  // a patch for the dispatcher (mapped host memory)
+    u64 patch_ack;      // u32: the last patch applied (mapped host memory)
 };
 
 // The large-batch kernel's one parameter (search_batch, passed by value):

@@ -902,6 +902,79 @@ __device__ __forceinline__ u32 search_one(const IndexDesc& ix, const Smem& S, u6
 // host's thread. (An earlier try had the CTAs read the request's fields
 // from host memory one by one, a PCIe round trip each: 11 us more a query.)
 #define COPY_ROUND 8u
+
+// Copies `len` bytes host -> device in words of W bytes (W = 16, 4 or 1):
+// COPY_ROUND loads in flight before their stores (one PCIe round trip a
+// round, not one a word). List ids move as whole words (16 or 4 bytes).
+template <u32 W>
+__device__ __forceinline__ void copy_from_host(unsigned char* dst, const unsigned char* src, u32 len) {
+    for (u32 w0 = 0; w0 < len / W; w0 += COPY_ROUND) {
+        u32 r[COPY_ROUND][4];
+#pragma unroll
+        for (u32 u = 0; u < COPY_ROUND; u++) {
+            const u32 o = (w0 + u) * W;
+            if (w0 + u < len / W) {
+                if (W == 16) {
+                    ld_volatile_v4(src + o, r[u][0], r[u][1], r[u][2], r[u][3]);
+                } else if (W == 4) {
+                    r[u][0] = *(const volatile u32*)(src + o);
+                } else {
+                    r[u][0] = *(const volatile unsigned char*)(src + o);
+                }
+            }
+        }
+#pragma unroll
+        for (u32 u = 0; u < COPY_ROUND; u++) {
+            const u32 o = (w0 + u) * W;
+            if (w0 + u < len / W) {
+                if (W == 16) {
+                    st_v4(dst + o, r[u][0], r[u][1], r[u][2], r[u][3]);
+                } else if (W == 4) {
+                    *(u32*)(dst + o) = r[u][0];
+                } else {
+                    dst[o] = (unsigned char)r[u][0];
+                }
+            }
+        }
+    }
+}
+
+// The patch staged at P.patch_staging (Registry::patch): a lane a copy,
+// 32 copies a round, the table and each copy's bytes read from host memory
+// in a few round trips; then fenced, and acknowledged to the host, which
+// reuses the staging buffer (and frees memory a copy may write) only after.
+__device__ void apply_staged_patch(const SearchParams& P, u32 lane) {
+    const unsigned char* base = (const unsigned char*)P.patch_staging;
+    u32 h[4] = {0, 0, 0, 0};
+    if (lane == 0) ld_volatile_v4(base, h[0], h[1], h[2], h[3]);
+    const u32 seq = __shfl_sync(FULL_MASK, h[0], 0), n = __shfl_sync(FULL_MASK, h[1], 0),
+              table = __shfl_sync(FULL_MASK, h[2], 0);
+    for (u32 i0 = 0; i0 < n; i0 += 32) {
+        const u32 i = i0 + lane;
+        if (i < n) {
+            u32 c[4];
+            ld_volatile_v4(base + table + (u64)i * sizeof(PatchCopy), c[0], c[1], c[2], c[3]);
+            unsigned char* dst = (unsigned char*)((u64)c[0] | ((u64)c[1] << 32));
+            const unsigned char* src = base + c[2];
+            const u32 len = c[3];
+            // aligned words (the host aligns every copy's bytes to 16): a
+            // query reading a list meanwhile sees each id old or new, never
+            // half of one; bytes only for a run of flags
+            const u64 align = (u64)dst | c[2] | len;
+            if ((align & 15u) == 0) copy_from_host<16>(dst, src, len);
+            else if ((align & 3u) == 0) copy_from_host<4>(dst, src, len);
+            else copy_from_host<1>(dst, src, len);
+        }
+    }
+    __threadfence();
+    __syncwarp();
+    if (lane == 0) {
+        fence_sys();
+        st_release_sys((u32*)P.patch_ack, seq);
+    }
+    __syncwarp();
+}
+
 __device__ void dispatch(const SearchParams& P, u32 lane) {
     const u64* ring = (const u64*)P.doorbell;
     const u32 mask = (1u << P.ring_log2) - 1u;
@@ -928,6 +1001,11 @@ __device__ void dispatch(const SearchParams& P, u32 lane) {
             if (slot == GG_RING_QUIT) {
                 for (u32 s = lane; s < slots; s += 32) st_release_gpu(cmd + s, GG_CMD_QUIT);
                 return;
+            }
+            if (slot == GG_RING_PATCH) {
+                // applied before any query posted after it is dispatched
+                apply_staged_patch(P, lane);
+                continue;
             }
             const u32 chunks = (u32)ej & GG_RING_LEN_MASK;
             const unsigned char* src = (const unsigned char*)P.staging + (u64)slot * P.req_stride;

@@ -88,6 +88,7 @@ abi_consts! {
     RING_SLOT_SHIFT: u32 = 24;
     RING_LEN_MASK: u32 = 0xFF_FFFF;
     RING_QUIT: u32 = 0xFF_FFFF;
+    RING_PATCH: u32 = 0xFF_FFFE;
     OUT_BAD_INDEX: u32 = 0xFFFF_FFFF;
     MAX_BEAM_ROWS: u32 = 8;
     CAND_CAP: u32 = 256;
@@ -144,6 +145,16 @@ abi_structs! {
         pub dst: u64,
         pub src: u32,
         pub len: u32,
+    }
+
+    /// The head of a patch staged for the doorbell's dispatcher: `n`
+    /// PatchCopy at byte `table` of the staging buffer; the dispatcher
+    /// writes `seq` to the acknowledgement word once applied.
+    pub struct PatchHead {
+        pub seq: u32,
+        pub n: u32,
+        pub table: u32,
+        pub pad: u32,
     }
 
     /// A query slot's request header; `qwords` floats of the query follow.
@@ -209,6 +220,8 @@ abi_structs! {
         pub staging: u64,
         pub ring_log2: u32,
         pub pad: u32,
+        pub patch_staging: u64,
+        pub patch_ack: u64,
     }
 
     /// The large-batch kernel's one parameter, passed by value.

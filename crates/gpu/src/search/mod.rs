@@ -87,6 +87,7 @@
 //! Measurements of plans and throughput: docs/benchmarks.md.
 
 pub mod batch;
+mod doorbell;
 mod health;
 mod launch;
 pub mod merge;

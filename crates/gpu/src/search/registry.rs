@@ -15,10 +15,11 @@ use half::slice::HalfFloatSliceExt;
 use parking_lot::{Mutex, RwLock};
 use rayon::prelude::*;
 
+use super::doorbell::Doorbell;
 use super::plan::{HalfRows, Sizing};
 use super::scatter::{Scatter, SCATTER_MIN};
 use super::server::SearchError;
-use crate::abi::{self, IndexDesc};
+use crate::abi::{self, IndexDesc, PatchCopy, PatchHead, SearchParams};
 use crate::error::{cuda, GpuError};
 use crate::memory::{device_addr, memcpy_htod_many, zeroed, Pinned};
 
@@ -171,6 +172,10 @@ pub(crate) struct Registry {
     /// applies a patch's copies on the device where the kernel may run
     /// beside the persistent one (else the driver's batched copy)
     scatter: Option<Scatter>,
+    /// where the kernel's dispatcher applies patches (the staging buffer
+    /// then in mapped memory): no driver call a patch, and every query
+    /// posted after one finds it applied
+    doorbell: Option<Arc<Doorbell>>,
     /// recorded after each patch's copies, which queries submitted after
     /// the patch wait for on their own streams (the worker never waits for
     /// a patch to land); how many patches were recorded
@@ -189,6 +194,7 @@ impl Registry {
         half: HalfRows,
         mgmt: Arc<CudaStream>,
         scatter: Option<Scatter>,
+        doorbell: Option<Arc<Doorbell>>,
     ) -> Result<Registry, GpuError> {
         let table = zeroed(&mgmt, z.max_indexes * size_of::<IndexDesc>(), "the index table")?;
         let mgmt_ctx = &mgmt.context().clone();
@@ -196,8 +202,9 @@ impl Registry {
             entries: RwLock::new((0..z.max_indexes).map(|_| Entry::Free).collect()),
             table,
             mgmt: Mutex::new(mgmt),
-            staging: Mutex::new(Pinned::new(mgmt_ctx, PATCH_STAGING, false, "the patch staging")?),
+            staging: Mutex::new(Pinned::new(mgmt_ctx, PATCH_STAGING, doorbell.is_some(), "the patch staging")?),
             scatter,
+            doorbell,
             patched: mgmt_ctx.new_event(None).map_err(|e| cuda("creating an event", e))?,
             patch_epoch: AtomicU64::new(0),
             next_gen: AtomicU32::new(1),
@@ -205,6 +212,23 @@ impl Registry {
             max_dim,
             max_qwords: z.max_qwords,
         })
+    }
+
+    /// The patch part of the kernel's parameter (the doorbell's).
+    pub fn params(&self, p: &mut SearchParams) {
+        if let Some(d) = &self.doorbell {
+            p.patch_staging = self.staging.lock().device_addr();
+            p.patch_ack = d.ack_addr();
+        }
+    }
+
+    /// Waits until the dispatcher has applied every patch posted: before
+    /// anything else writes or frees what a patch may write.
+    fn wait_patches(&self) -> Result<(), SearchError> {
+        match &self.doorbell {
+            Some(d) => d.wait_patches().map_err(|why| SearchError::Gpu(GpuError::Cuda(why))),
+            None => Ok(()),
+        }
     }
 
     /// Device address of the descriptor table (a kernel parameter).
@@ -380,6 +404,7 @@ impl Registry {
         while Arc::strong_count(&res) > 1 && in_flight() && Instant::now() < deadline {
             std::thread::sleep(Duration::from_micros(200));
         }
+        self.wait_patches()?;
         let r = self.write_desc(&self.mgmt.lock(), id.table as usize, &IndexDesc::default());
         // the device copy is freed with the last reference, on the
         // management stream, after the clear
@@ -399,6 +424,8 @@ impl Registry {
         for &(v, f) in changes {
             res.flags[v as usize].store(f, Ordering::Relaxed);
         }
+        // a patch applied after this copy would write older flags
+        self.wait_patches()?;
         let (at, bytes): (u64, Vec<u8>) = match changes {
             [(v, f)] => (device_addr(&res.d_flags) + *v as u64, vec![*f]),
             _ => (device_addr(&res.d_flags), res.flags.iter().map(|f| f.load(Ordering::Relaxed)).collect()),
@@ -457,9 +484,10 @@ impl Registry {
         let staging = self.staging.lock();
         // the last patch's copies have left the staging buffer (long since,
         // as a rule)
+        self.wait_patches()?;
         self.patched.synchronize().map_err(|e| SearchError::from(cuda("patching an index", e)))?;
         // rows, flags, lists, the table entry: one batch (see above)
-        let mut up = Upload::new(&mgmt, &staging, self.scatter.as_ref());
+        let mut up = Upload::new(&mgmt, &staging, self.scatter.as_ref(), self.doorbell.as_deref());
         let rb = res.fmt.row_bytes();
         for ((first, flags, _), rows) in p.rows.iter().zip(&rows) {
             let at = device_addr(&res.vectors) + (*first as usize * rb) as u64;
@@ -483,8 +511,12 @@ impl Registry {
             up.put(at, bytes.len(), |o| o.copy_from_slice(bytes))?;
         }
         up.issue()?;
-        self.patched.record(&mgmt).map_err(|e| SearchError::from(cuda("patching an index", e)))?;
-        self.patch_epoch.fetch_add(1, Ordering::AcqRel);
+        if self.doorbell.is_none() {
+            // (on the doorbell the ring orders queries after the patch, and
+            // a copy on the stream was waited for: no event, no epoch)
+            self.patched.record(&mgmt).map_err(|e| SearchError::from(cuda("patching an index", e)))?;
+            self.patch_epoch.fetch_add(1, Ordering::AcqRel);
+        }
         drop(staging);
         // new rows are answers from now on: a query already on the device
         // may reach a reused node before its row has landed, but every
@@ -507,6 +539,8 @@ impl Registry {
     /// which go with the last of them. False when the device has no room
     /// for both at once.
     fn grow(&self, old: &Arc<Resident>, n: usize) -> Result<bool, SearchError> {
+        // the old arrays are copied whole: every patch in them first
+        self.wait_patches()?;
         let mgmt = self.mgmt.lock();
         let fail = |e| SearchError::from(cuda("growing a resident index", e));
         let (capacity, rb, degree) = (capacity_for(n), old.fmt.row_bytes(), old.degree);
@@ -594,15 +628,36 @@ struct Upload<'a> {
     used: usize,
     copies: Vec<(u64, std::ops::Range<usize>)>,
     scatter: Option<&'a Scatter>,
+    doorbell: Option<&'a Doorbell>,
 }
 
 impl<'a> Upload<'a> {
-    fn new(stream: &'a Arc<CudaStream>, buf: &'a Pinned, scatter: Option<&'a Scatter>) -> Upload<'a> {
-        Upload { stream, buf, used: 0, copies: Vec::new(), scatter }
+    fn new(
+        stream: &'a Arc<CudaStream>,
+        buf: &'a Pinned,
+        scatter: Option<&'a Scatter>,
+        doorbell: Option<&'a Doorbell>,
+    ) -> Upload<'a> {
+        let mut u = Upload { stream, buf, used: 0, copies: Vec::new(), scatter, doorbell };
+        u.used = u.start();
+        u
     }
 
-    /// Room the table of `n` copies takes after the data ([`Scatter`]).
+    /// Where the bytes start: after the PatchHead on the doorbell.
+    fn start(&self) -> usize {
+        if self.doorbell.is_some() {
+            size_of::<PatchHead>()
+        } else {
+            0
+        }
+    }
+
+    /// Room the table of `n` copies takes after the data ([`Scatter`], or
+    /// the doorbell's, 16-aligned).
     fn table(&self, n: usize) -> usize {
+        if self.doorbell.is_some() {
+            return 16 + n * size_of::<PatchCopy>();
+        }
         self.scatter.map_or(0, |_| Scatter::table_bytes(n))
     }
 
@@ -638,7 +693,10 @@ impl<'a> Upload<'a> {
     /// Issues the copies gathered and waits for them (and any before).
     fn flush(&mut self) -> Result<(), SearchError> {
         self.issue()?;
-        self.used = 0;
+        self.used = self.start();
+        if let Some(d) = self.doorbell {
+            d.wait_patches().map_err(|why| SearchError::Gpu(GpuError::Cuda(why)))?;
+        }
         self.stream.synchronize().map_err(|e| SearchError::from(cuda("patching an index", e)))
     }
 
@@ -647,6 +705,33 @@ impl<'a> Upload<'a> {
     /// takes batches, else a call a copy.
     fn issue(&mut self) -> Result<(), SearchError> {
         let fail = |e| SearchError::from(cuda("patching an index", e));
+        if let Some(d) = self.doorbell {
+            if self.copies.is_empty() {
+                return Ok(());
+            }
+            // the table after the bytes, the head first: the dispatcher
+            // applies it (after the last patch: `patch` and `flush` waited
+            // for it before the buffer was written again)
+            let at = self.used.next_multiple_of(16);
+            let seq = d.next_patch();
+            let head = PatchHead { seq, n: self.copies.len() as u32, table: at as u32, pad: 0 };
+            assert!(
+                at + self.copies.len() * size_of::<PatchCopy>() <= self.buf.len(),
+                "a patch's table beyond its staging buffer"
+            );
+            // SAFETY: inside the pinned buffer, which only this upload
+            // (under the staging lock) writes; 16-aligned.
+            unsafe {
+                let table = std::slice::from_raw_parts_mut(self.buf.ptr().add(at) as *mut PatchCopy, self.copies.len());
+                for (t, (dst, r)) in table.iter_mut().zip(&self.copies) {
+                    *t = PatchCopy { dst: *dst, src: r.start as u32, len: r.len() as u32 };
+                }
+                std::ptr::write_volatile(self.buf.ptr() as *mut PatchHead, head);
+            }
+            self.copies.clear();
+            d.post_patch(seq);
+            return Ok(());
+        }
         if let Some(s) = self.scatter.filter(|_| self.copies.len() >= SCATTER_MIN) {
             // SAFETY: destinations inside the index's arrays or its table
             // entry (the caller's checks), which outlive the stream's work;

@@ -12,6 +12,7 @@ use cudarc::driver::CudaContext;
 use gpu_graph_engine::flat::FlatIndex;
 
 use super::batch::{BatchAnswers, BatchKernel, BatchTicket};
+use super::doorbell::Doorbell;
 use super::health::Health;
 use super::launch::Kernel;
 use super::plan::{QueryPlan, SearchPolicy, ServerConfig, Sizing, BATCH_ROOM_PER_SM};
@@ -197,14 +198,17 @@ impl SearchServer {
             // the patch kernel's single-warp blocks fit where the batch
             // kernel's do (GPU_GRAPH_PATCH_SCATTER=0: the driver's batched
             // copies instead, a developer's switch for comparing the two)
-            let scatter = batch_blocks > 0 && std::env::var("GPU_GRAPH_PATCH_SCATTER").map_or(true, |v| v != "0");
+            // (on the doorbell the dispatcher applies patches: no kernel)
+            let scatter =
+                batch_blocks > 0 && !z.doorbell && std::env::var("GPU_GRAPH_PATCH_SCATTER").map_or(true, |v| v != "0");
             let batch_bytes =
                 BatchKernel::device_bytes(batch_blocks, z.visited_log2) + if scatter { PATCH_STAGING } else { 0 };
             gpu.reserve(z.device_bytes() + batch_bytes, "the GPU search server")?;
             let mgmt = gpu.ctx.new_stream().map_err(|e| cuda("creating a stream", e))?;
-            let slots = Slots::new(&gpu.ctx, &z, &mgmt)?;
+            let doorbell = if z.doorbell { Some(Arc::new(Doorbell::new(&gpu.ctx, z.ring_log2)?)) } else { None };
+            let slots = Slots::new(&gpu.ctx, &z, &mgmt, &doorbell)?;
             let scatter = if scatter { Some(Scatter::new(&kernel.module, &mgmt, PATCH_STAGING)?) } else { None };
-            let registry = Registry::new(&z, cfg.max_dim, cfg.half_rows, mgmt, scatter)?;
+            let registry = Registry::new(&z, cfg.max_dim, cfg.half_rows, mgmt, scatter, doorbell)?;
             let batch = BatchKernel::new(
                 gpu,
                 &kernel.module,
@@ -221,6 +225,7 @@ impl SearchServer {
                 ..SearchParams::default()
             };
             slots.params(&mut params);
+            registry.params(&mut params);
             kernel.launch(params, z.blocks(), z.smem)?;
             let info = ServerInfo {
                 slots: z.slots,

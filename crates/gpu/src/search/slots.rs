@@ -33,6 +33,7 @@ use cudarc::driver::sys::{self, CUresult};
 use cudarc::driver::{result, CudaContext, CudaEvent, CudaSlice, CudaStream};
 use parking_lot::{Mutex, MutexGuard};
 
+use super::doorbell::Doorbell;
 use super::launch::err_name;
 use super::merge::merge_lists;
 use super::plan::{QueryPlan, Sizing, FINISH_STRIDE_WORDS};
@@ -116,11 +117,10 @@ pub(crate) struct Slots {
     results: Pinned,
     finish: Pinned,
     words: Pinned,
-    /// the doorbell ring (empty without the doorbell), its next entry,
-    /// the latest patch epoch known to have landed, and the queries that
-    /// wait for a later one: (slot, the request's 16-byte chunks, epoch)
-    ring: Pinned,
-    tail: AtomicU64,
+    /// the doorbell (None: requests copied), the latest patch epoch known
+    /// to have landed, and the queries that wait for a later one: (slot,
+    /// the request's 16-byte chunks, epoch)
+    doorbell: Option<Arc<Doorbell>>,
     landed: AtomicU64,
     deferred: Mutex<Vec<(u32, u32, u64)>>,
     n_deferred: AtomicUsize,
@@ -132,7 +132,12 @@ thread_local! {
 static NEXT_GROUP: AtomicUsize = AtomicUsize::new(0);
 
 impl Slots {
-    pub fn new(ctx: &Arc<CudaContext>, z: &Sizing, mgmt: &Arc<CudaStream>) -> Result<Slots, GpuError> {
+    pub fn new(
+        ctx: &Arc<CudaContext>,
+        z: &Sizing,
+        mgmt: &Arc<CudaStream>,
+        doorbell: &Option<Arc<Doorbell>>,
+    ) -> Result<Slots, GpuError> {
         let (slots, groups) = (z.slots, z.groups);
         let mut gs = Vec::with_capacity(groups);
         let mut group_of = vec![0u16; slots];
@@ -161,8 +166,7 @@ impl Slots {
             results: Pinned::new(ctx, slots * z.result_stride, true, "the result blocks")?,
             finish: Pinned::new(ctx, slots * FINISH_STRIDE_WORDS * 4, true, "the finish words")?,
             words: Pinned::new(ctx, slots * 4, false, "the slot word staging")?,
-            ring: Pinned::new(ctx, if z.doorbell { 8 << z.ring_log2 } else { 0 }, true, "the doorbell ring")?,
-            tail: AtomicU64::new(0),
+            doorbell: doorbell.clone(),
             landed: AtomicU64::new(0),
             deferred: Mutex::new(Vec::new()),
             n_deferred: AtomicUsize::new(0),
@@ -198,10 +202,10 @@ impl Slots {
         p.ctas_per_slot = self.z.ctas as u32;
         p.list_cap = self.z.list_cap as u32;
         p.max_qwords = self.z.max_qwords as u32;
-        if self.z.doorbell {
-            p.doorbell = self.ring.device_addr();
+        if let Some(d) = &self.doorbell {
+            p.doorbell = d.ring_addr();
             p.staging = self.staging.device_addr();
-            p.ring_log2 = self.z.ring_log2;
+            p.ring_log2 = d.log2();
         }
     }
 
@@ -388,18 +392,10 @@ impl Slots {
     }
 
     /// Posts `slot`'s staged request of `chunks` 16-byte chunks on the
-    /// doorbell ring (or, with `RING_QUIT`, the quit of every slot).
+    /// doorbell ring.
     fn post(&self, slot: u32, chunks: u32) {
-        let i = self.tail.fetch_add(1, Ordering::AcqRel);
-        let log2 = self.z.ring_log2;
-        let tag = ((i >> log2) + 1) & 0xFFFF;
-        let entry = (tag << abi::RING_TAG_SHIFT) | ((slot as u64) << abi::RING_SLOT_SHIFT) | chunks as u64;
-        // SAFETY: entry i mod 2^log2 of the ring, 8-aligned, alive as long
-        // as self; the release orders the request's bytes before it (the
-        // dispatcher reads them after it, over PCIe, with acquire).
-        unsafe {
-            let e = (self.ring.ptr() as *const AtomicU64).add((i & ((1 << log2) - 1)) as usize);
-            (*e).store(entry, Ordering::Release);
+        if let Some(d) = &self.doorbell {
+            d.post(slot, chunks);
         }
     }
 
@@ -596,8 +592,8 @@ impl Slots {
     /// copy of the whole word array on `mgmt`, after the slot words still
     /// queued on the group streams.
     pub fn quit_all(&self, mgmt: &CudaStream) {
-        if self.z.doorbell {
-            self.post(abi::RING_QUIT, 0);
+        if let Some(d) = &self.doorbell {
+            d.post(abi::RING_QUIT, 0);
         }
         for g in &self.groups {
             let _ = g.stream.synchronize();

@@ -341,9 +341,7 @@ impl SearchServer {
 
     /// Sends every query `submit_held` holds; how many.
     pub fn send_held(&self) -> Result<usize, SearchError> {
-        let i = &self.inner;
-        let posted = i.slots.post_deferred(i.registry.patched()).map_err(|why| i.health.poison(why, true))?;
-        Ok(posted + i.slots.send_held().map_err(|why| i.health.poison(why, true))?)
+        self.inner.slots.send_held().map_err(|why| self.inner.health.poison(why, true))
     }
 
     /// Submits with an explicit plan (measurements).
@@ -582,8 +580,6 @@ impl Inner {
             return Err(SearchError::Invalid("this ticket was already answered".into()));
         }
         if self.slots.finish_word(t.slot) != t.cmd {
-            // a query deferred for a patch goes once the patch landed
-            self.slots.post_deferred(self.registry.patched()).map_err(|why| self.health.poison(why, true))?;
             self.health.check(&self.kernel, false)?;
             if self.stopped.load(std::sync::atomic::Ordering::Acquire) {
                 return Err(SearchError::Closed);
@@ -611,7 +607,6 @@ impl Inner {
                 if Instant::now() > deadline || self.health.is_poisoned() {
                     break;
                 }
-                let _ = self.slots.post_deferred(self.registry.patched());
                 std::thread::sleep(Duration::from_micros(100));
             }
             (exited, result) = self.stop_kernel();

@@ -11,10 +11,9 @@
 //!   and cuStreamWriteValue32 on the same (per-group) stream sets the word;
 //!   stream order puts the request in device memory first. The kernel's
 //!   CTAs poll only that device-local word.
-//! * A query waits for the index's patches so far: on the doorbell, the
-//!   host posts it once the last patch's event has completed (until then it
-//!   is deferred, and sent by the next `send_held` or poll); on streams, the
-//!   group's stream waits for that event.
+//! * A query comes after the index's patches so far: on the doorbell the
+//!   dispatcher applies a patch before any entry posted after it; on
+//!   streams, the group's stream waits for the last patch's event.
 //! * Answer: each CTA writes its ResultHead and hits to mapped pinned host
 //!   memory, fences at system scope and arrives on a device counter; the last
 //!   one writes the slot's finish word (host memory) with the same value. The
@@ -117,13 +116,8 @@ pub(crate) struct Slots {
     results: Pinned,
     finish: Pinned,
     words: Pinned,
-    /// the doorbell (None: requests copied), the latest patch epoch known
-    /// to have landed, and the queries that wait for a later one: (slot,
-    /// the request's 16-byte chunks, epoch)
+    /// the doorbell (None: requests copied)
     doorbell: Option<Arc<Doorbell>>,
-    landed: AtomicU64,
-    deferred: Mutex<Vec<(u32, u32, u64)>>,
-    n_deferred: AtomicUsize,
 }
 
 thread_local! {
@@ -167,9 +161,6 @@ impl Slots {
             finish: Pinned::new(ctx, slots * FINISH_STRIDE_WORDS * 4, true, "the finish words")?,
             words: Pinned::new(ctx, slots * 4, false, "the slot word staging")?,
             doorbell: doorbell.clone(),
-            landed: AtomicU64::new(0),
-            deferred: Mutex::new(Vec::new()),
-            n_deferred: AtomicUsize::new(0),
             z: z.clone(),
         };
         mgmt.synchronize().map_err(|e| cuda("clearing the slots", e))?;
@@ -284,11 +275,11 @@ impl Slots {
     }
 
     /// Fills the slot's request (the slot is ours, `st` its locked state)
-    /// and sends it after the patches up to `after` (their epoch and the
-    /// last one's event): on the doorbell posts it (or defers it until the
-    /// patches landed); else copies it to the device and writes the slot
-    /// word, or with `hold` leaves both to [`Slots::send_held`]. Err: the
-    /// driver's error (the context is then unusable).
+    /// and sends it: on the doorbell posts it (the ring orders it after
+    /// every patch posted); else, after the patches up to `after` (their
+    /// epoch and the last one's event), copies it to the device and writes
+    /// the slot word, or with `hold` leaves both to [`Slots::send_held`].
+    /// Err: the driver's error (the context is then unusable).
     #[allow(clippy::too_many_arguments)]
     pub fn send(
         &self,
@@ -301,7 +292,7 @@ impl Slots {
         hold: bool,
         after: (u64, &CudaEvent),
     ) -> Result<u32, String> {
-        if !self.z.doorbell {
+        if self.doorbell.is_none() {
             self.order_after(slot, after.0, after.1)?;
         }
         let group = &self.groups[self.group_of[slot as usize] as usize];
@@ -315,7 +306,7 @@ impl Slots {
             // SAFETY: the slot's own table, inside `visited`.
             unsafe { result::memset_d8_async(at, 0, bytes, stream.cu_stream()) }
                 .map_err(|e| format!("clearing a visited table: {e:?}"))?;
-            if self.z.doorbell {
+            if self.doorbell.is_some() {
                 // the dispatcher is not ordered after the stream
                 stream.synchronize().map_err(|e| format!("clearing a visited table: {e:?}"))?;
             }
@@ -358,66 +349,14 @@ impl Slots {
         st.ctas = plan.ctas;
         st.k = k as u32;
         st.max_expand = plan.max_expand.max(1);
-        if self.z.doorbell {
-            let chunks = src.len().div_ceil(16) as u32;
-            if self.landed(after.0, after.1)? {
-                self.post(slot, chunks);
-            } else {
-                self.deferred.lock().push((slot, chunks, after.0));
-                self.n_deferred.fetch_add(1, Ordering::AcqRel);
-            }
+        if let Some(d) = &self.doorbell {
+            d.post(slot, src.len().div_ceil(16) as u32);
         } else if hold {
             group.held.lock().push((slot, cmd, src.len()));
         } else {
             self.send_one(stream, slot, cmd, src.len())?;
         }
         Ok(cmd)
-    }
-
-    /// Whether the patches up to `epoch` (the last one's event `patched`)
-    /// have landed on the device.
-    fn landed(&self, epoch: u64, patched: &CudaEvent) -> Result<bool, String> {
-        if epoch <= self.landed.load(Ordering::Acquire) {
-            return Ok(true);
-        }
-        // the event's last record is patch `epoch`'s or a later one's
-        match patched.try_is_complete() {
-            Ok(true) => {
-                self.landed.fetch_max(epoch, Ordering::AcqRel);
-                Ok(true)
-            }
-            Ok(false) => Ok(false),
-            Err(e) => Err(format!("waiting for a patch: {e:?}")),
-        }
-    }
-
-    /// Posts `slot`'s staged request of `chunks` 16-byte chunks on the
-    /// doorbell ring.
-    fn post(&self, slot: u32, chunks: u32) {
-        if let Some(d) = &self.doorbell {
-            d.post(slot, chunks);
-        }
-    }
-
-    /// Posts the deferred queries whose patches have landed (the patches
-    /// so far: `after`); how many.
-    pub fn post_deferred(&self, after: (u64, &CudaEvent)) -> Result<usize, String> {
-        if self.n_deferred.load(Ordering::Acquire) == 0 || !self.landed(after.0, after.1)? {
-            return Ok(0);
-        }
-        let landed = self.landed.load(Ordering::Acquire);
-        let mut d = self.deferred.lock();
-        let before = d.len();
-        d.retain(|&(slot, chunks, epoch)| {
-            let ready = epoch <= landed;
-            if ready {
-                self.post(slot, chunks);
-            }
-            !ready
-        });
-        let posted = before - d.len();
-        self.n_deferred.fetch_sub(posted, Ordering::AcqRel);
-        Ok(posted)
     }
 
     /// Copies the first `bytes` of `slot`'s staged request to the device and

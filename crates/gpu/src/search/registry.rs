@@ -439,9 +439,10 @@ impl Registry {
     }
 
     /// Applies `p` to a resident index in place, while queries run on it:
-    /// rows, flags, lists and the node count in one batch of copies (one
-    /// driver call: three, to order them, were a tenth of the worker's
-    /// thread at thousands of patches a second), landing in any order. A
+    /// rows, flags, lists and the node count in one batch of copies (on
+    /// the doorbell one ring entry, no driver call; else one driver call:
+    /// three, to order them, were a tenth of the worker's thread at
+    /// thousands of patches a second), landing in any order. A
     /// query that runs meanwhile reads whole ids (4-byte stores), of nodes
     /// within the room, and ignores ids beyond the count it read; one that
     /// reaches a new node before its row lands ranks it by the row there

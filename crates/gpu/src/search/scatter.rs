@@ -1,4 +1,6 @@
-//! A patch's copies applied on the device by one launch of `apply_patch`
+//! With copied requests (`ServerConfig::copy_requests`; on the doorbell
+//! the kernel's dispatcher applies patches, doorbell.rs):
+//! a patch's copies applied on the device by one launch of `apply_patch`
 //! (kernels/search_persistent.cu) instead of the driver's batched copy,
 //! which cost the host ~1 us a copy: `gpu-graph-searchcheck --patch-costs`
 //! on an H100 timed an insert's patch (a row and 36 scattered lists) at 40

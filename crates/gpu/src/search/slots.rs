@@ -16,7 +16,8 @@
 //!   streams, the group's stream waits for the last patch's event.
 //! * Answer: each CTA writes its ResultHead and hits to mapped pinned host
 //!   memory, fences at system scope and arrives on a device counter; the last
-//!   one writes the slot's finish word (host memory) with the same value. The
+//!   one writes the slot's finish word (host memory) with the same value (a
+//!   query of one CTA writes it at once). The
 //!   host polls only that host-local word.
 //! * Sequence numbers instead of None/Work/Finish/Done values: no word is
 //!   ever reset, so the host and the GPU never race on one; Done is the

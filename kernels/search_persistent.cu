@@ -903,17 +903,21 @@ __device__ __forceinline__ u32 search_one(const IndexDesc& ix, const Smem& S, u6
 // from host memory one by one, a PCIe round trip each: 11 us more a query.)
 #define COPY_ROUND 8u
 
-// Copies `len` bytes host -> device in words of W bytes (W = 16, 4 or 1):
-// COPY_ROUND loads in flight before their stores (one PCIe round trip a
-// round, not one a word). List ids move as whole words (16 or 4 bytes).
+// Copies words first, first + step, ... of `len` bytes host -> device,
+// words of W bytes (W = 16, 4 or 1): COPY_ROUND loads in flight before
+// their stores (one PCIe round trip a round, not one a word). A request is
+// copied by the warp (first = lane, step = 32), a patch's copy by one lane
+// (0, 1). List ids move as whole words (16 or 4 bytes).
 template <u32 W>
-__device__ __forceinline__ void copy_from_host(unsigned char* dst, const unsigned char* src, u32 len) {
-    for (u32 w0 = 0; w0 < len / W; w0 += COPY_ROUND) {
+__device__ __forceinline__ void copy_from_host(unsigned char* dst, const unsigned char* src, u32 len, u32 first,
+                                               u32 step) {
+    const u32 words = len / W;
+    for (u32 w0 = first; w0 < words; w0 += COPY_ROUND * step) {
         u32 r[COPY_ROUND][4];
 #pragma unroll
         for (u32 u = 0; u < COPY_ROUND; u++) {
-            const u32 o = (w0 + u) * W;
-            if (w0 + u < len / W) {
+            const u64 o = (u64)(w0 + u * step) * W;
+            if (w0 + u * step < words) {
                 if (W == 16) {
                     ld_volatile_v4(src + o, r[u][0], r[u][1], r[u][2], r[u][3]);
                 } else if (W == 4) {
@@ -925,8 +929,8 @@ __device__ __forceinline__ void copy_from_host(unsigned char* dst, const unsigne
         }
 #pragma unroll
         for (u32 u = 0; u < COPY_ROUND; u++) {
-            const u32 o = (w0 + u) * W;
-            if (w0 + u < len / W) {
+            const u64 o = (u64)(w0 + u * step) * W;
+            if (w0 + u * step < words) {
                 if (W == 16) {
                     st_v4(dst + o, r[u][0], r[u][1], r[u][2], r[u][3]);
                 } else if (W == 4) {
@@ -961,9 +965,9 @@ __device__ void apply_staged_patch(const SearchParams& P, u32 lane) {
             // query reading a list meanwhile sees each id old or new, never
             // half of one; bytes only for a run of flags
             const u64 align = (u64)dst | c[2] | len;
-            if ((align & 15u) == 0) copy_from_host<16>(dst, src, len);
-            else if ((align & 3u) == 0) copy_from_host<4>(dst, src, len);
-            else copy_from_host<1>(dst, src, len);
+            if ((align & 15u) == 0) copy_from_host<16>(dst, src, len, 0, 1);
+            else if ((align & 3u) == 0) copy_from_host<4>(dst, src, len, 0, 1);
+            else copy_from_host<1>(dst, src, len, 0, 1);
         }
     }
     __threadfence();
@@ -1010,21 +1014,11 @@ __device__ void dispatch(const SearchParams& P, u32 lane) {
             const u32 chunks = (u32)ej & GG_RING_LEN_MASK;
             const unsigned char* src = (const unsigned char*)P.staging + (u64)slot * P.req_stride;
             unsigned char* dst = (unsigned char*)P.reqs + (u64)slot * P.req_stride;
+            copy_from_host<16>(dst, src, chunks * 16u, lane, 32u);
+            // RequestHead.cmd: lane 0 stored that word itself, and reads it
+            // back from L2 (.cg)
             u32 c = 0;
-            for (u32 base = 0; base < chunks; base += 32u * COPY_ROUND) {
-                u32 w[COPY_ROUND][4];
-#pragma unroll
-                for (u32 u = 0; u < COPY_ROUND; u++) {
-                    const u32 i = base + u * 32u + lane;
-                    if (i < chunks) ld_volatile_v4(src + (u64)i * 16u, w[u][0], w[u][1], w[u][2], w[u][3]);
-                }
-#pragma unroll
-                for (u32 u = 0; u < COPY_ROUND; u++) {
-                    const u32 i = base + u * 32u + lane;
-                    if (i < chunks) st_v4(dst + (u64)i * 16u, w[u][0], w[u][1], w[u][2], w[u][3]);
-                }
-                if (base == 0 && lane == 0) c = w[0][0];  // RequestHead.cmd
-            }
+            if (lane == 0) c = ld_cg_u32(dst);
             c = __shfl_sync(FULL_MASK, c, 0);
             // the request before its slot word
             __threadfence();

@@ -100,6 +100,32 @@ proc_cpu() { awk '{print ($14 + $15) / 100}' "/proc/$1/stat"; }
 # the server's WAL bytes, full-page images and checkpoints so far
 wal() { q -F ' ' -c "SELECT w.wal_bytes::bigint, w.wal_fpi, b.checkpoints_timed + b.checkpoints_req FROM pg_stat_wal w, pg_stat_bgwriter b"; }
 busy() { awk '/^cpu / {print $2 + $3 + $4 + $7 + $8, $2 + $3 + $4 + $5 + $6 + $7 + $8}' /proc/stat; }
+# "pid ticks" (CPU, 1/100 s) of each process listed that is alive
+ticks() { for p in "$@"; do cat "/proc/$p/stat" 2>/dev/null; done | awk '{print $1, $14 + $15}'; }
+apps() { q -c "SELECT coalesce(string_agg(pid::text, ' '), '') FROM pg_stat_activity WHERE application_name = '$1'"; }
+# Where the machine's CPU goes over the middle of a point (from 1.5 s in to
+# 1.5 s before its end; only processes alive at both ends count): cores
+# used by the search backends, the writing backends, the worker, the rest
+# of the server's processes and pgbench itself, written to $1
+split_cpu() {
+  sleep 1.5
+  local s i k t0 t1
+  s=" $(apps gg_search) "; i=" $(apps gg_write) "; k=$(stats worker,pid)
+  t0=$(date +%s.%N)
+  ticks $(pgrep -x postgres) $(pgrep -x pgbench) >"$1.0"
+  sleep "$(awk -v s="$secs" 'BEGIN {print s - 3}')"
+  ticks $(pgrep -x postgres) $(pgrep -x pgbench) >"$1.1"
+  t1=$(date +%s.%N)
+  local pgb=" $(pgrep -x pgbench | tr '\n' ' ') "
+  awk -v t="$(awk -v a="$t0" -v b="$t1" 'BEGIN {print b - a}')" -v s="$s" -v i="$i" -v k=" $k " -v p="$pgb" '
+    FNR == NR {a[$1] = $2; next}
+    ($1 in a) {
+      d = $2 - a[$1]; key = " " $1 " "
+      if (index(s, key)) c[1] += d; else if (index(i, key)) c[2] += d
+      else if (index(k, key)) c[3] += d; else if (index(p, key)) c[5] += d; else c[4] += d
+    }
+    END {printf "%.2f %.2f %.2f %.2f %.2f\n", c[1] / 100 / t, c[2] / 100 / t, c[3] / 100 / t, c[4] / 100 / t, c[5] / 100 / t}' "$1.0" "$1.1" >"$1"
+}
 # what the worker waits on, sampled every 20 ms through one connection
 for _ in $(seq 1 $((secs * 40))); do
   echo "SELECT coalesce(wait_event_type || ':' || wait_event, 'on CPU') FROM pg_stat_activity WHERE backend_type = 'gpu_graph search worker';"
@@ -135,21 +161,23 @@ for c in ${CLIENTS:-64}; do
     writers=(); vacuums=0
     case $mode in
       0) ;;
-      max) pgbench -n -M prepared -c "$iclients" -j "$iclients" -T "$secs" -f $w/insert.sql postgres >"$w/writes_$name.log" 2>&1 &
+      max) PGAPPNAME=gg_write pgbench -n -M prepared -c "$iclients" -j "$iclients" -T "$secs" -f $w/insert.sql postgres >"$w/writes_$name.log" 2>&1 &
         writers+=($!) ;;
-      del) pgbench -n -M prepared -c "$iclients" -j "$iclients" -R 2000 -T "$secs" -f $w/insert.sql@1 -f $w/delete.sql@1 postgres \
+      del) PGAPPNAME=gg_write pgbench -n -M prepared -c "$iclients" -j "$iclients" -R 2000 -T "$secs" -f $w/insert.sql@1 -f $w/delete.sql@1 postgres \
         >"$w/writes_$name.log" 2>&1 &
         writers+=($!)
         (end=$((SECONDS + secs)); n=0; while [ $SECONDS -lt $end ]; do q -c "VACUUM (INDEX_CLEANUP ON) items"; n=$((n + 1)); done; echo $n >$w/vacuums) &
         writers+=($!) ;;
-      *) pgbench -n -M prepared -c "$iclients" -j "$iclients" -R "$mode" -T "$secs" -f $w/insert.sql postgres >"$w/writes_$name.log" 2>&1 &
+      *) PGAPPNAME=gg_write pgbench -n -M prepared -c "$iclients" -j "$iclients" -R "$mode" -T "$secs" -f $w/insert.sql postgres >"$w/writes_$name.log" 2>&1 &
         writers+=($!) ;;
     esac
     # recall of worker and CPU scans while the table is written
     if [ "$mode" != 0 ]; then (sleep 2; probe gpu $w/probe_gpu; probe cpu $w/probe_cpu) & writers+=($!); fi
     q -f $w/waits.sql | grep -v '^$' >$w/waits_$name &
     writers+=($!)
-    PGOPTIONS="-c gpu_graph.search_device=gpu -c gpu_graph.ef_search=20" pgbench -n -M prepared -c "$c" -j 16 \
+    split_cpu $w/split_$name &
+    writers+=($!)
+    PGAPPNAME=gg_search PGOPTIONS="-c gpu_graph.search_device=gpu -c gpu_graph.ef_search=20" pgbench -n -M prepared -c "$c" -j 16 \
       -T "$secs" -f $w/knn.sql --log --log-prefix="$w/pgb_$name/log" postgres >"$w/search_$name.log" 2>&1 ||
       { cat "$w/search_$name.log"; fail "pgbench $name"; }
     for p in "${writers[@]}"; do wait "$p" || { cat "$w/writes_$name.log"; fail "writes $name"; }; done
@@ -192,6 +220,10 @@ for c in ${CLIENTS:-64}; do
     # change of every page a full-page image (an insert changes ~35 pages)
     awk -v n="$name" -v b="$((wb1 - wb0))" -v f="$((wf1 - wf0))" -v k="$((ck1 - ck0))" -v s="$secs" 'BEGIN {
         printf "%s: WAL %.1f MB/s, %.0f full-page images/s, %d checkpoints\n", n, b / s / 1e6, f / s, k }' | tee -a "$out/thread.txt"
+    read -r cs ci ck co cp <$w/split_$name
+    awk -v n="$name" -v cs="$cs" -v ci="$ci" -v ck="$ck" -v co="$co" -v cp="$cp" -v q="$tps" -v wr="$wtps" 'BEGIN {
+        printf "%s: cores: searches %.2f (%.0f us a query), writes %.2f (%s us a write), worker %.2f, rest of the server %.2f, pgbench %.2f\n",
+          n, cs, q ? 1e6 * cs / q : 0, ci, wr ? sprintf("%.0f", 1e6 * ci / wr) : "-", ck, co, cp }' | tee -a "$out/thread.txt"
     [ $(($(stats residency,log_overflows) - o0)) = 0 ] || echo "  $name: the change log overflowed $(($(stats residency,log_overflows) - o0)) times"
     # `max` measures where the index's inserts top out, not a rate the
     # worker is held to

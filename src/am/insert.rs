@@ -76,7 +76,6 @@ pub unsafe extern "C-unwind" fn aminsert(
             nodes
         });
         let id = insert::insert_near(&store, &stored, tid_to_payload(&*heap_tid), ef, found);
-        worker::note_inserted(index, id);
         if metric == Metric::InnerProduct && distance::norm(v) > meta.max_norm {
             // above M its edges are off: searches start from it while there
             // is room among the pinned rows (engine::outliers)

@@ -31,7 +31,7 @@ use super::device::{BatchStart, Device, Handle, Hits, Start};
 use super::gpu::{GpuBatch, GpuPending};
 use super::image::Key;
 use super::outcome::Outcome;
-use super::residency::{Lookup, Residency, PATCH_LAG};
+use super::residency::{Lookup, Residency};
 use super::ring::{Request, State, MAX_HITS};
 use super::shmem::{shared, Shared};
 use super::stats::{add, Counters};
@@ -148,7 +148,6 @@ pub extern "C-unwind" fn gpu_graph_worker_main(_arg: pg_sys::Datum) {
         inflight: Vec::new(),
         taken: Vec::new(),
         segment: None,
-        lag: patch_lag(),
     };
     let outcome = w.serve();
     w.residency.clear(&w.device, shared);
@@ -204,11 +203,6 @@ struct InFlight {
     /// queries of a batch (0: a scan's one query)
     batch: u32,
     work: Work,
-    /// whether the copy lacked changes the request needs (they waited:
-    /// residency::PATCH_LAG), and the nodes of the rows they wrote, sent
-    /// first
-    ahead: bool,
-    fresh: Vec<u32>,
 }
 
 enum Work {
@@ -231,14 +225,6 @@ struct Worker {
     /// idle or after SEGMENT_KEEP unused (its backend has finished, and the
     /// mapping would keep its memory)
     segment: Option<(Area, Instant)>,
-    /// how long committed changes may wait to be patched in (PATCH_LAG)
-    lag: Duration,
-}
-
-/// residency::PATCH_LAG, or the worker's GPU_GRAPH_PATCH_LAG_US (for A/B
-/// runs, as GPU_GRAPH_COPY_REQUESTS).
-fn patch_lag() -> Duration {
-    std::env::var("GPU_GRAPH_PATCH_LAG_US").ok().and_then(|v| v.parse().ok()).map_or(PATCH_LAG, Duration::from_micros)
 }
 
 /// How long an unused batch segment stays mapped.
@@ -364,22 +350,7 @@ impl Worker {
             .max();
         if need.is_some_and(|n| self.residency.behind(n, self.shared)) {
             // SAFETY: the worker's main thread, as in `serve`.
-            unsafe { self.residency.read_pending(&self.device, self.shared)? };
-            // the changes wait (PATCH_LAG) when every request can be
-            // answered with the nodes of the new rows instead: not a
-            // batch's (its answers go to its segment), not past the lag
-            let covered = |&(i, _): &(usize, u64)| {
-                // SAFETY: just taken (WORKING): no one writes these requests.
-                let r = unsafe { self.shared.slots()[i].request() };
-                r.need == u64::MAX || (r.batch_n == 0 && self.residency.covers(Key::of(r), r.need).is_some())
-            };
-            let wait = !self.lag.is_zero()
-                && self.residency.pending_age().is_none_or(|a| a < self.lag)
-                && taken.iter().all(covered);
-            if !wait {
-                // SAFETY: as above.
-                unsafe { self.residency.sync(&self.device, self.shared)? };
-            }
+            unsafe { self.residency.sync(&self.device, self.shared)? };
         }
         let took = !taken.is_empty();
         for &(i, seq) in &taken {
@@ -388,12 +359,6 @@ impl Worker {
         if let Err(o) = self.device.send_held() {
             // the device is lost: the held searches fail when polled
             failed(&self.device, o)?;
-        }
-        if self.residency.pending_age().is_some_and(|a| a >= self.lag) {
-            // the requests of this pass are on their way: the changes that
-            // waited long enough go in behind them
-            // SAFETY: as above.
-            unsafe { self.residency.sync(&self.device, self.shared)? };
         }
         self.taken = taken;
         Ok(took)
@@ -414,10 +379,6 @@ impl Worker {
             self.device.inject_fault();
         }
         let query = &req.query[..(req.dim as usize).min(req.query.len())];
-        // the new rows' nodes when the copy lacks changes the request
-        // needs (take_requests let them wait: PATCH_LAG)
-        let ahead = req.need != u64::MAX && !self.residency.has(req.need);
-        let fresh = if ahead { self.residency.covers(Key::of(req), req.need).unwrap_or_default() } else { Vec::new() };
         let work = match self.residency.lookup(Key::of(req), req.generation, req.need) {
             Lookup::Ready(r) if req.batch_n > 0 => {
                 batch_work(&self.device, &r.handle, req, &shared.counters, &mut self.segment)?
@@ -435,7 +396,7 @@ impl Worker {
             }
         };
         let due = Instant::now() + Duration::from_millis(req.delay_ms as u64);
-        self.inflight.push(InFlight { slot: i, seq, taken_at, due, batch: req.batch_n, work, ahead, fresh });
+        self.inflight.push(InFlight { slot: i, seq, taken_at, due, batch: req.batch_n, work });
         Ok(())
     }
 
@@ -510,7 +471,6 @@ impl Worker {
                 let now = unsafe { pg_sys::GetCurrentTimestamp() };
                 add(&c.batch_us, (now - f.taken_at).max(0) as u64);
                 reply.n = 0; // the answers are in the batch's segment
-                reply.fresh = 0;
                 reply.outcome = Outcome::Answered;
             }
             Work::Done(Ok(hits)) => {
@@ -518,31 +478,15 @@ impl Worker {
                 // SAFETY: reads the clock; any process may.
                 let now = unsafe { pg_sys::GetCurrentTimestamp() };
                 c.latency.search.record(now - f.taken_at);
-                // the new rows' nodes first (the backend reads them all),
-                // then the search's nearest first
-                let fresh = f.fresh.len().min(MAX_HITS);
-                reply.nodes[..fresh].copy_from_slice(&f.fresh[..fresh]);
-                let mut n = fresh;
-                for &(_, node) in &hits {
-                    if n == MAX_HITS {
-                        break;
-                    }
-                    if !f.fresh.contains(&node) {
-                        reply.nodes[n] = node;
-                        n += 1;
-                    }
-                }
-                if f.ahead {
-                    add(&c.answered_ahead, 1);
-                    add(&c.fresh_nodes, fresh as u64);
+                let n = hits.len().min(MAX_HITS);
+                for (j, &(_, node)) in hits[..n].iter().enumerate() {
+                    reply.nodes[j] = node;
                 }
                 reply.n = n as u32;
-                reply.fresh = fresh as u32;
                 reply.outcome = Outcome::Answered;
             }
             Work::Done(Err(o)) => {
                 reply.n = 0;
-                reply.fresh = 0;
                 reply.outcome = o;
             }
             Work::Gpu(_) | Work::Batch(..) => unreachable!("answered only when done"),

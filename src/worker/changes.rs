@@ -186,9 +186,6 @@ pub struct Change {
     pub page: PageChange,
     pub list: Option<List>,
     pub row: Option<Row>,
-    /// node `page.lo`'s row was written (carried in `row` unless
-    /// overwritten since)
-    pub wrote_row: bool,
 }
 
 /// A block that changed, and which of its nodes' lists or rows did:
@@ -202,11 +199,6 @@ pub struct PageChange {
     pub lo: u32,
     pub hi: u32,
 }
-
-/// The block of an entry that is no page's change but the end of an
-/// insert: node `lo`'s row and every list the insert linked it into are
-/// noted before it (see `note_inserted`).
-pub const INSERTED: u32 = u32::MAX;
 
 impl PageChange {
     pub const fn whole(block: u32) -> PageChange {
@@ -346,7 +338,7 @@ impl ChangeLog {
             // a list or row overwritten since: its page is read instead
             let list = if listed { self.list(seq) } else { None };
             let row = if row_len > 0 { self.row(seq, row_at, row_len) } else { None };
-            out.push(Change { key, page, list, row, wrote_row: row_len > 0 });
+            out.push(Change { key, page, list, row });
         }
         Ok(head)
     }
@@ -370,19 +362,6 @@ pub unsafe fn note(rel: pg_sys::Relation, pages: &[PageChange], lists: &[Option<
     for ((&page, list), &row) in pages.iter().zip(lists).zip(rows) {
         s.changes.note(key, page, list.as_ref(), row);
     }
-}
-
-/// Notes that the insert of node `node` into `rel` has written all it
-/// writes (its row, its list and the lists it was linked into): the worker
-/// may answer a request on a copy that lacks some of those changes only
-/// with the node beside the copy's answer until it has patched in
-/// everything up to this entry (residency::PATCH_LAG).
-///
-/// # Safety
-/// `rel` must be an open relation.
-pub unsafe fn note_inserted(rel: pg_sys::Relation, node: u32) {
-    // SAFETY: the caller's contract.
-    unsafe { note(rel, &[PageChange { block: INSERTED, lo: node, hi: node + 1 }], &[None], &[None]) }
 }
 
 /// Registers [`before_commit`] (from _PG_init, in every process that loads
@@ -423,7 +402,6 @@ mod tests {
             page: PageChange { block, lo: block * 3, hi: block * 3 + 1 },
             list: None,
             row: None,
-            wrote_row: false,
         }
     }
 
@@ -434,7 +412,7 @@ mod tests {
     /// A change writing a row of `len` bytes, each `first` + its place.
     fn rowed(block: u32, first: u8, len: usize) -> Change {
         let bytes: Vec<u8> = (0..len).map(|i| first.wrapping_add(i as u8)).collect();
-        Change { row: Some(Row::new(&bytes)), wrote_row: true, ..change(5, block) }
+        Change { row: Some(Row::new(&bytes)), ..change(5, block) }
     }
 
     fn listed(block: u32, first: u32) -> Change {

@@ -68,12 +68,11 @@ pub unsafe fn first_round(
     // SAFETY: `index` is open (the caller's contract).
     let answer = unsafe { ask(index, meta, query, ef) };
     record(answer.as_ref().err().copied().unwrap_or(Outcome::Answered));
-    answer.ok().map(|(nodes, fresh)| {
+    answer.ok().map(|nodes| {
         let t = Instant::now();
-        // the new rows the copy lacks and the nearest SCAN_VERIFY_FIRST by
-        // the worker's distances now, the rest if the scan wants more rows
-        // (verify_nodes)
-        let first = nodes.len().min(fresh + SCAN_VERIFY_FIRST);
+        // the nearest SCAN_VERIFY_FIRST by the worker's distances now, the
+        // rest if the scan wants more rows (verify_nodes)
+        let first = nodes.len().min(SCAN_VERIFY_FIRST);
         let mut answer = verify(store, meta, &[query], |_| &nodes[..first]).pop().expect("one answer a query");
         counters().latency.verify.record(t.elapsed().as_micros() as i64);
         answer.rest = nodes[first..].to_vec();
@@ -195,12 +194,11 @@ unsafe extern "C-unwind" fn let_go_at_exit(_code: i32, _arg: pg_sys::Datum) {
     }
 }
 
-/// Submits the query and waits; the answer's node ids, and how many of
-/// them, first, are new rows rather than the search's ([`Reply::fresh`]).
+/// Submits the query and waits; the answer's node ids.
 ///
 /// # Safety
 /// `index` must be an open index relation.
-unsafe fn ask(index: pg_sys::Relation, meta: &Meta, query: &[f32], ef: usize) -> Result<(Vec<u32>, usize), Outcome> {
+unsafe fn ask(index: pg_sys::Relation, meta: &Meta, query: &[f32], ef: usize) -> Result<Vec<u32>, Outcome> {
     let timeout = Duration::from_millis(GPU_TIMEOUT.get() as u64);
     let fill = |r: &mut Request| r.query[..query.len()].copy_from_slice(query);
     // SAFETY: the caller's contract.
@@ -211,7 +209,7 @@ unsafe fn ask(index: pg_sys::Relation, meta: &Meta, query: &[f32], ef: usize) ->
             let c = counters();
             c.latency.roundtrip.record(now - submitted_at);
             c.latency.wake.record(now - reply.answered_at);
-            (reply.nodes[..reply.n as usize].to_vec(), reply.fresh as usize)
+            reply.nodes[..reply.n as usize].to_vec()
         })
     }
 }

@@ -24,7 +24,7 @@ use gpu_graph_engine::flat::FlatIndex;
 use gpu_graph_engine::NO_NODE;
 use pgrx::pg_sys;
 
-use super::changes::{Change, List, PageChange, Row, INSERTED, LIST_IN_LOG};
+use super::changes::{Change, List, PageChange, Row, LIST_IN_LOG};
 use super::ring::Request;
 use super::stats::{add, counters};
 use crate::storage::codec::{meta_from, PageRef, Tuple};
@@ -474,9 +474,6 @@ impl Changed {
     /// contents, the last ones taken being the latest (its changes are
     /// noted under its lock), or its page when they were not carried.
     pub fn add(&mut self, c: &Change) {
-        if c.page.block == INSERTED {
-            return; // not a page (residency's fresh rows)
-        }
         if c.page.block == 0 {
             self.meta = c.row.clone();
             if self.meta.is_none() {

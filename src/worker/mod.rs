@@ -57,15 +57,6 @@ pub unsafe fn note_changes(
     unsafe { changes::note(rel, pages, lists, rows) }
 }
 
-/// An insert of `node` has written all it writes (changes::note_inserted).
-///
-/// # Safety
-/// `rel` must be an open relation.
-pub unsafe fn note_inserted(rel: pg_sys::Relation, node: u32) {
-    // SAFETY: the caller's contract.
-    unsafe { changes::note_inserted(rel, node) }
-}
-
 /// A scan the worker answered first goes on searching on the CPU.
 pub fn cpu_after_worker() {
     stats::add(&stats::counters().cpu_after_worker, 1);

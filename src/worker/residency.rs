@@ -5,9 +5,8 @@
 
 use gpu_graph_gpu::search::Patch;
 use pgrx::pg_sys;
-use std::time::{Duration, Instant};
 
-use super::changes::{Change, CAPACITY, INSERTED};
+use super::changes::{Change, CAPACITY};
 use super::device::{Device, Handle};
 use super::image::{self, patch, Begin, Changed, File, GpuPatch, Key, Loader};
 use super::outcome::Outcome;
@@ -47,56 +46,10 @@ pub struct Residency {
     /// generations that did not fit: not tried again until the index changes
     unfit: Vec<(Key, u64)>,
     clock: u64,
-    /// the change log read and patched into the copies up to here (None:
-    /// not yet started)
+    /// the change log read up to here (None: not yet started)
     applied: Option<u64>,
-    /// read up to here: the changes from `applied` on are in `changes`,
-    /// not yet patched in (see [`PATCH_LAG`])
-    read_to: Option<u64>,
     changes: Vec<Change>,
-    /// since when changes wait in `changes`
-    pending_since: Option<Instant>,
-    /// rows written by inserts not yet patched in whole (see [`Open`])
-    open: Vec<Open>,
-    /// indexes with a change waiting that may have written rows no entry
-    /// names (a whole page, many nodes)
-    uncovered: Vec<Key>,
 }
-
-/// A node whose row an insert wrote, until everything that insert wrote
-/// (its row, its list, the lists it was linked into: all noted before its
-/// changes::INSERTED entry) is patched into the copies. A request answered
-/// before that gets the node beside the copy's answer: a node patched in
-/// before the lists that lead to it would be in the copy and out of the
-/// search's reach. One whose INSERTED entry never comes (the insert
-/// failed: its row is invisible) is let go after [`OPEN_MAX`].
-struct Open {
-    key: Key,
-    node: u32,
-    since: Instant,
-    /// its INSERTED entry was read (patched in with the next patch)
-    done: bool,
-}
-
-const OPEN_MAX: Duration = Duration::from_secs(10);
-
-/// How long committed changes may wait before they are patched into the
-/// copies while requests keep coming: a request that needs them is
-/// searched on the copy as it is and answered with the nodes of the rows
-/// written since (at most [`FRESH_MAX`]), which the backend reads from the
-/// pages with the search's answer, so a row committed before the request
-/// is found all the same. Changes to lists of older nodes wait (a copy's
-/// graph still reaches every node it held; deleted rows are dropped by the
-/// backend's re-read). Patching before each such request made every
-/// request of the worker's pass wait for the patch, and one patch a pass
-/// (a few inserts each) took a quarter of the worker's thread at 5,000
-/// inserts/s (docs/benchmarks.md). The worker's environment
-/// GPU_GRAPH_PATCH_LAG_US sets it (0: patch before answering, the old way).
-pub const PATCH_LAG: Duration = Duration::from_micros(1000);
-
-/// The most nodes of new rows a request is answered with (else the changes
-/// are patched in first).
-pub const FRESH_MAX: usize = 64;
 
 impl Residency {
     /// The copy of `key` for a request that read the meta page's
@@ -106,7 +59,7 @@ impl Residency {
         if self.unfit.iter().any(|&(k, g)| k == key && g >= generation) {
             return Lookup::Unfit;
         }
-        let followed = self.has(need) || self.covers(key, need).is_some();
+        let followed = self.applied.is_some_and(|a| a >= need);
         match self.residents.iter_mut().find(|r| r.key == key) {
             // a copy newer than the backend's view is as good: every node is
             // checked against the pages, and rows the backend cannot see are
@@ -167,120 +120,6 @@ impl Residency {
         }
     }
 
-    /// The nodes of new rows a request of `key` that needs the log up to
-    /// `need` is to be answered with: none when the copies have every
-    /// change up to `need`; None when they lack some that are not read
-    /// yet, or that the nodes cannot stand for (the changes must be
-    /// patched in first).
-    pub fn covers(&self, key: Key, need: u64) -> Option<Vec<u32>> {
-        if self.has(need) {
-            return Some(Vec::new());
-        }
-        if self.read_to.is_none_or(|r| r < need) || self.uncovered.contains(&key) {
-            return None;
-        }
-        let nodes: Vec<u32> = self.open.iter().filter(|o| o.key == key).map(|o| o.node).collect();
-        (nodes.len() <= FRESH_MAX).then_some(nodes)
-    }
-
-    /// Whether the copies have every change up to `need` patched in.
-    pub fn has(&self, need: u64) -> bool {
-        self.applied.is_some_and(|a| a >= need)
-    }
-
-    /// How long the oldest change read and not patched in has waited.
-    pub fn pending_age(&self) -> Option<Duration> {
-        self.pending_since.map(|t| t.elapsed())
-    }
-
-    /// Reads the change log's new entries without patching them in (see
-    /// [`PATCH_LAG`]).
-    ///
-    /// # Safety
-    /// The worker's main thread, with a resource owner.
-    pub unsafe fn read_pending(&mut self, device: &Device, shared: &Shared) -> Result<(), String> {
-        // SAFETY: the caller's contract.
-        unsafe { self.read_log(device, shared) }.map(|_| ())
-    }
-
-    /// Appends the log's entries after `read_to` to `changes`; false when
-    /// there is nothing to patch (the first look, or an overflow: the
-    /// copies were then read again in place or marked out of date).
-    ///
-    /// # Safety
-    /// The worker's main thread, with a resource owner.
-    unsafe fn read_log(&mut self, device: &Device, shared: &Shared) -> Result<bool, String> {
-        let log = &shared.changes;
-        let Some(from) = self.read_to else {
-            // the worker's first look: its copies are all made from now on
-            self.applied = Some(log.head());
-            self.read_to = self.applied;
-            return Ok(false);
-        };
-        let before = self.changes.len();
-        match log.read(from, &mut self.changes) {
-            Ok(next) => self.read_to = Some(next),
-            Err(_) => {
-                self.applied = Some(log.head());
-                self.read_to = self.applied;
-                self.drop_pending();
-                add(&shared.counters.log_overflows, 1);
-                // the lost changes moved their pages' LSNs: each copy reads
-                // those pages again in place and keeps answering (else it
-                // is refreshed whole when a request asks for a newer one)
-                for r in &mut self.residents {
-                    // SAFETY: the worker's main thread (the caller's contract).
-                    // (generation 0: refreshed whole when a request needs it)
-                    r.generation = unsafe { resync(r, device, shared) }?.unwrap_or(0);
-                }
-                if let Some(l) = self.loading.as_mut() {
-                    l.generation = 0;
-                }
-                self.publish(shared);
-                return Ok(false);
-            }
-        }
-        if self.changes.len() > before {
-            self.pending_since.get_or_insert_with(Instant::now);
-        }
-        for i in before..self.changes.len() {
-            let (key, page, row) = (self.changes[i].key, self.changes[i].page, self.changes[i].wrote_row);
-            if page.block == INSERTED {
-                if let Some(o) = self.open.iter_mut().find(|o| o.key == key && o.node == page.lo) {
-                    o.done = true;
-                }
-                continue;
-            }
-            // a row is written with its own change (storage's
-            // Xlog::only_row); a whole page of another block than the meta
-            // page's is not told apart (none of the index's writes after
-            // its build are, but a patch first is the safe answer)
-            if !row {
-                if page.block != 0 && page.hi == u32::MAX && !self.uncovered.contains(&key) {
-                    self.uncovered.push(key);
-                }
-                continue;
-            }
-            let node = page.lo;
-            match self.open.iter_mut().find(|o| o.key == key && o.node == node) {
-                // written again (a node freed and taken by a new row)
-                Some(o) => (o.since, o.done) = (Instant::now(), false),
-                None => self.open.push(Open { key, node, since: Instant::now(), done: false }),
-            }
-        }
-        Ok(true)
-    }
-
-    /// After the changes read are patched in (or lost to an overflow):
-    /// the inserts whose INSERTED entry came with them are whole in the
-    /// copies.
-    fn drop_pending(&mut self) {
-        self.changes.clear();
-        self.open.retain(|o| !o.done && o.since.elapsed() < OPEN_MAX);
-        self.uncovered.clear();
-        self.pending_since = None;
-    }
-
     /// Brings the copies up to date with the change log: called after a
     /// batch of requests is taken and before any is answered, so each
     /// answer holds every change committed before its request (and when
@@ -306,21 +145,33 @@ impl Residency {
     /// # Safety
     /// As for [`Residency::sync`].
     unsafe fn follow_log(&mut self, device: &Device, shared: &Shared) -> Result<(), String> {
-        // SAFETY: the caller's contract.
-        unsafe { self.read_log(device, shared) }?;
-        self.applied = self.read_to;
-        // SAFETY: the caller's contract.
-        let r = unsafe { self.apply(device, shared) };
-        self.drop_pending();
-        r
-    }
-
-    /// Patches `changes` into the copies (and notes them for a load under
-    /// way).
-    ///
-    /// # Safety
-    /// As for [`Residency::sync`].
-    unsafe fn apply(&mut self, device: &Device, shared: &Shared) -> Result<(), String> {
+        let log = &shared.changes;
+        let Some(from) = self.applied else {
+            // the worker's first look: its copies are all made from now on
+            self.applied = Some(log.head());
+            return Ok(());
+        };
+        self.changes.clear();
+        match log.read(from, &mut self.changes) {
+            Ok(next) => self.applied = Some(next),
+            Err(_) => {
+                self.applied = Some(log.head());
+                add(&shared.counters.log_overflows, 1);
+                // the lost changes moved their pages' LSNs: each copy reads
+                // those pages again in place and keeps answering (else it
+                // is refreshed whole when a request asks for a newer one)
+                for r in &mut self.residents {
+                    // SAFETY: the worker's main thread (the caller's contract).
+                    // (generation 0: refreshed whole when a request needs it)
+                    r.generation = unsafe { resync(r, device, shared) }?.unwrap_or(0);
+                }
+                if let Some(l) = self.loading.as_mut() {
+                    l.generation = 0;
+                }
+                self.publish(shared);
+                return Ok(());
+            }
+        }
         if self.changes.is_empty() {
             return Ok(());
         }
@@ -380,17 +231,6 @@ impl Residency {
         // the load began.
         if !unsafe { l.step(PAGES_PER_STEP) } {
             return Ok(true);
-        }
-        if !self.changes.is_empty() {
-            // changes read before the copy is installed are patched in now
-            // (and noted for the copy, whose pages they name are read
-            // again): applied after, their lists and rows could be older
-            // than the copy's
-            self.applied = self.read_to;
-            // SAFETY: the caller's contract.
-            let r = unsafe { self.apply(device, shared) };
-            self.drop_pending();
-            r?;
         }
         let mut l = self.loading.take().unwrap();
         let (key, file, started, mut changed) = (l.key, l.file, l.started, std::mem::take(&mut l.changed));

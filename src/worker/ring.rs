@@ -117,10 +117,6 @@ pub struct Reply {
     /// node ids, nearest first (the backend takes each node's distance
     /// from the pages, so the worker's are not sent)
     pub nodes: [u32; MAX_HITS],
-    /// how many of `nodes`, first, are not the search's but rows written
-    /// since the copy's last patch, in no order (see
-    /// residency::PATCH_LAG): the backend reads them all from the pages
-    pub fresh: u32,
     /// when the worker answered (GetCurrentTimestamp)
     pub answered_at: i64,
 }

@@ -76,11 +76,6 @@ pub struct Counters {
     /// reads of the change log and the patches after them that took over
     /// 10 ms (the requests taken wait for them)
     pub slow_syncs: AtomicU64,
-    /// requests answered from a copy with committed changes not patched
-    /// into it yet (residency::PATCH_LAG), and the nodes of those changes'
-    /// rows sent with them for the backend to read from the pages
-    pub answered_ahead: AtomicU64,
-    pub fresh_nodes: AtomicU64,
     /// batches (gpu_graph_search_batch, a segment of queries each) that
     /// asked the worker, those searched on the CPU instead by [`Outcome`]
     /// (why not answered), the queries the worker answered, and its time
@@ -127,8 +122,6 @@ impl Counters {
             patch_us: AtomicU64::new(0),
             patch_read_us: AtomicU64::new(0),
             slow_syncs: AtomicU64::new(0),
-            answered_ahead: AtomicU64::new(0),
-            fresh_nodes: AtomicU64::new(0),
             batches: AtomicU64::new(0),
             batch_fallbacks: [const { AtomicU64::new(0) }; Outcome::ALL.len()],
             batch_queries: AtomicU64::new(0),
@@ -382,10 +375,6 @@ struct Residency {
     patch_read_ms: f64,
     mean_patch_us: Option<f64>,
     slow_syncs: u64,
-    /// requests answered before the changes they need were patched in,
-    /// and the new rows' nodes sent with them (read from the pages)
-    answered_ahead: u64,
-    fresh_nodes: u64,
     indexes: Vec<ResidentJson>,
 }
 
@@ -446,8 +435,6 @@ fn gpu_graph_worker_stats() -> JsonB {
             patch_read_ms: get(&c.patch_read_us) as f64 / 1000.0,
             mean_patch_us: mean(get(&c.patch_us), get(&c.patches)),
             slow_syncs: get(&c.slow_syncs),
-            answered_ahead: get(&c.answered_ahead),
-            fresh_nodes: get(&c.fresh_nodes),
             indexes: shared()
                 .map(|s| s.residents.read().iter().filter(|e| visible(e.db_node)).map(ResidentJson::of).collect())
                 .unwrap_or_default(),

@@ -156,7 +156,6 @@ for c in ${CLIENTS:-64}; do
     iw0=$(stats inserts,worker); ic0=$(stats inserts,cpu)
     f0=$(fallbacks); n0=$(stats residency,patches); r0=$(stats residency,patch_read_ms); l0=$(stats residency,slow_syncs)
     k0=$(stats requests,work_ms); ans0=$(stats requests,answered)
-    ah0=$(stats residency,answered_ahead); fr0=$(stats residency,fresh_nodes)
     tk0=$(stats requests,take_ms); pr0=$(stats requests,progress_ms); wk0=$(stats requests,wake_ms)
     c0=$(proc_cpu "$pid"); read -r b0 a0 < <(busy); read -r wb0 wf0 ck0 < <(wal)
     writers=(); vacuums=0
@@ -221,8 +220,6 @@ for c in ${CLIENTS:-64}; do
     # change of every page a full-page image (an insert changes ~35 pages)
     awk -v n="$name" -v b="$((wb1 - wb0))" -v f="$((wf1 - wf0))" -v k="$((ck1 - ck0))" -v s="$secs" 'BEGIN {
         printf "%s: WAL %.1f MB/s, %.0f full-page images/s, %d checkpoints\n", n, b / s / 1e6, f / s, k }' | tee -a "$out/thread.txt"
-    ahead=$(($(stats residency,answered_ahead) - ah0)); fresh=$(($(stats residency,fresh_nodes) - fr0))
-    echo "$name: answered before their changes were patched in: $ahead of $served ($fresh new rows' nodes sent with them)" | tee -a "$out/thread.txt"
     read -r cs ci ck co cp <$w/split_$name
     awk -v n="$name" -v cs="$cs" -v ci="$ci" -v ck="$ck" -v co="$co" -v cp="$cp" -v q="$tps" -v wr="$wtps" 'BEGIN {
         printf "%s: cores: searches %.2f (%.0f us a query), writes %.2f (%s us a write), worker %.2f, rest of the server %.2f, pgbench %.2f\n",

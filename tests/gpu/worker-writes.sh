@@ -27,6 +27,8 @@
 #
 #   CLIENTS="64 16" MODES="0 200 1000 5000 max del" SECS=8 bash tests/gpu/worker-writes.sh [DIR]
 #
+# (SPIN=us: the searches' gpu_graph.worker_spin.)
+#
 # Fails (after every mode has run) when a mode's scans (but max's) were
 # served by the worker less than 95% of the time, recall through the
 # worker is more than 0.01 below the CPU's, a fresh row is not found
@@ -101,7 +103,7 @@ proc_cpu() { awk '{print ($14 + $15) / 100}' "/proc/$1/stat"; }
 wal() { q -F ' ' -c "SELECT w.wal_bytes::bigint, w.wal_fpi, b.checkpoints_timed + b.checkpoints_req FROM pg_stat_wal w, pg_stat_bgwriter b"; }
 busy() { awk '/^cpu / {print $2 + $3 + $4 + $7 + $8, $2 + $3 + $4 + $5 + $6 + $7 + $8}' /proc/stat; }
 # "pid ticks" (CPU, 1/100 s) of each process listed that is alive
-ticks() { for p in "$@"; do cat "/proc/$p/stat" 2>/dev/null; done | awk '{print $1, $14 + $15}'; }
+ticks() { for p in "$@"; do cat "/proc/$p/stat" 2>/dev/null || true; done | awk '{print $1, $14 + $15}'; }
 apps() { q -c "SELECT coalesce(string_agg(pid::text, ' '), '') FROM pg_stat_activity WHERE application_name = '$1'"; }
 # Where the machine's CPU goes over the middle of a point (from 1.5 s in to
 # 1.5 s before its end; only processes alive at both ends count): cores
@@ -177,7 +179,7 @@ for c in ${CLIENTS:-64}; do
     writers+=($!)
     split_cpu $w/split_$name &
     writers+=($!)
-    PGAPPNAME=gg_search PGOPTIONS="-c gpu_graph.search_device=gpu -c gpu_graph.ef_search=20" pgbench -n -M prepared -c "$c" -j 16 \
+    PGAPPNAME=gg_search PGOPTIONS="-c gpu_graph.search_device=gpu -c gpu_graph.ef_search=20 ${SPIN:+-c gpu_graph.worker_spin=$SPIN}" pgbench -n -M prepared -c "$c" -j 16 \
       -T "$secs" -f $w/knn.sql --log --log-prefix="$w/pgb_$name/log" postgres >"$w/search_$name.log" 2>&1 ||
       { cat "$w/search_$name.log"; fail "pgbench $name"; }
     for p in "${writers[@]}"; do wait "$p" || { cat "$w/writes_$name.log"; fail "writes $name"; }; done

@@ -339,6 +339,23 @@ served=$(($(stat scans,worker) - before))
 stale=$(($(stat fallbacks,stale) - stale))
 echo "  rows found through the worker right after their commit: $found/100 ($served served by it, $stale out of date)"
 [ "$found" = 100 ] && [ "$served" = 100 ] || fail "fresh rows: $found/100 found, $served/100 served by the worker"
+# the same while other scans keep the worker busy (an idle worker patches
+# its copy at once; a busy one when a request needs the change)
+for i in $(seq 1 100); do
+  vec="ARRAY[$((i * 11 % 1024)) / 1024.0, $((i * 17 % 1024)) / 1024.0, $((i * 5 % 1024)) / 1024.0, $((i * 29 % 1024)) / 1024.0, 300 / 1024.0, 700 / 1024.0, $((i * 23 % 1024)) / 1024.0, 99 / 1024.0]::real[]"
+  echo "INSERT INTO items VALUES ($((3000000 + i)), $vec);"
+  echo "SELECT id = $((3000000 + i)) FROM items ORDER BY v <-> $vec LIMIT 1;"
+done >"$work/fresh2.sql"
+pgbench -n -T 60 -c 3 -j 1 -f "$work/items.sql" postgres >"$work/pgbench_fresh.log" 2>&1 &
+bench=$!
+sleep 1
+before=$(stat scans,worker)
+found=$(q -c "$GPU" -f "$work/fresh2.sql" | grep -c '^t$' || true)
+served=$(($(stat scans,worker) - before))
+kill $bench 2>/dev/null || true
+wait $bench 2>/dev/null || true
+echo "  the same beside other scans: $found/100 found ($served scans served by the worker meanwhile)"
+[ "$found" = 100 ] || fail "fresh rows beside other scans: $found/100 found"
 
 # an insert in progress (not committed) has moved the index's generation
 # on and written pages: scans still get the worker's copy, which holds

@@ -2,6 +2,7 @@
 //! CUDA error or by the kernel exiting on its own. A waiting thread asks the
 //! kernel's stream at most once a millisecond.
 
+use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;
 
@@ -11,6 +12,10 @@ use super::launch::{Kernel, KernelState};
 use super::server::SearchError;
 
 const CHECK_EVERY_US: u64 = 1000;
+
+/// Polls of unfinished queries between two looks at the clock
+/// ([`Health::check_polled`]).
+const POLLS_PER_LOOK: u32 = 64;
 
 pub(crate) struct Health {
     closed: AtomicBool,
@@ -76,6 +81,28 @@ impl Health {
             return Err(SearchError::Closed);
         }
         Ok(())
+    }
+
+    /// [`Health::check`] for a poll that found its query unfinished: the
+    /// poison at once, the clock (and so the driver) only every
+    /// [`POLLS_PER_LOOK`]th such poll of this thread. The worker polls
+    /// every query in flight in each pass of its loop; the clock read
+    /// beside each such poll's load of a mapped word was most of it.
+    pub fn check_polled(&self, kernel: &Kernel) -> Result<(), SearchError> {
+        thread_local!(static POLLS: Cell<u32> = const { Cell::new(0) });
+        if let Some(why) = self.poisoned() {
+            return Err(SearchError::Poisoned(why));
+        }
+        let due = POLLS.with(|p| {
+            let n = p.get().wrapping_add(1);
+            p.set(n);
+            n.is_multiple_of(POLLS_PER_LOOK)
+        });
+        if due {
+            self.check(kernel, false)
+        } else {
+            Ok(())
+        }
     }
 
     /// Is the kernel still running? Asked of the driver at most every

@@ -580,7 +580,7 @@ impl Inner {
             return Err(SearchError::Invalid("this ticket was already answered".into()));
         }
         if self.slots.finish_word(t.slot) != t.cmd {
-            self.health.check(&self.kernel, false)?;
+            self.health.check_polled(&self.kernel)?;
             if self.stopped.load(std::sync::atomic::Ordering::Acquire) {
                 return Err(SearchError::Closed);
             }

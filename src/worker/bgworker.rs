@@ -199,7 +199,7 @@ struct InFlight {
     seq: u64,
     taken_at: i64,
     /// gpu_graph.worker_delay: not answered before this
-    due: Instant,
+    due: Option<Instant>,
     /// queries of a batch (0: a scan's one query)
     batch: u32,
     work: Work,
@@ -270,13 +270,15 @@ impl Worker {
                     pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP);
                 }
             }
-            if self.segment.as_ref().is_some_and(|(_, since)| since.elapsed() > SEGMENT_KEEP) {
+            if self.segment.as_ref().is_some_and(|(_, since)| pass.saturating_duration_since(*since) > SEGMENT_KEEP) {
                 self.segment = None;
             }
-            let t = Instant::now();
-            let took = self.take_requests()?;
+            // three looks at the clock a busy pass (its start, after taking,
+            // its end): one costs ~0.2 us on the GPU machine
+            let took = self.take_requests(pass)?;
+            let after_take = Instant::now();
             if took {
-                add(&c.take_ns, t.elapsed().as_nanos() as u64);
+                add(&c.take_ns, (after_take - pass).as_nanos() as u64);
             }
             if !took {
                 // idle: the copies take every page written so far, even of
@@ -289,28 +291,31 @@ impl Worker {
                 // SAFETY: the worker's main thread, with a resource owner.
                 unsafe { self.residency.sync(&self.device, self.shared)? };
             }
-            let (t, answered_before) = (Instant::now(), c.answered.load(Ordering::Relaxed));
-            let on_device = self.progress()?;
-            if c.answered.load(Ordering::Relaxed) != answered_before {
-                add(&c.progress_ns, t.elapsed().as_nanos() as u64);
-            }
+            let t = if took { after_take } else { Instant::now() };
+            let answered_before = c.answered.load(Ordering::Relaxed);
+            let on_device = self.progress(t)?;
             // SAFETY: the worker lives on the process's main thread
             // (gpu_graph_worker_main), which has a resource owner.
             let loading = unsafe { self.residency.step(&self.device, self.limit(), self.shared)? };
-            if last_sweep.elapsed() >= SWEEP_EVERY {
+            let end = Instant::now();
+            if c.answered.load(Ordering::Relaxed) != answered_before {
+                // (a load's step included, when one is under way)
+                add(&c.progress_ns, (end - t).as_nanos() as u64);
+            }
+            if end - last_sweep >= SWEEP_EVERY {
                 // SAFETY: as for the step above.
                 unsafe { self.residency.forget_dropped(&self.device, self.shared) };
-                last_sweep = Instant::now();
+                last_sweep = end;
             }
             let worked = took
                 || loading
                 || c.answered.load(Ordering::Relaxed) != answered
                 || c.patches.load(Ordering::Relaxed) != patches;
             if worked {
-                add(&c.work_ns, pass.elapsed().as_nanos() as u64);
+                add(&c.work_ns, (end - pass).as_nanos() as u64);
             }
             if took || on_device || loading {
-                last_work = Instant::now();
+                last_work = end;
                 continue;
             }
             if last_work.elapsed() < spin {
@@ -323,7 +328,7 @@ impl Worker {
             self.segment = None;
             // until a request, the next delayed answer, or a second
             let now = Instant::now();
-            let next = self.inflight.iter().map(|f| f.due.saturating_duration_since(now)).min();
+            let next = self.inflight.iter().filter_map(|f| f.due).map(|d| d.saturating_duration_since(now)).min();
             sleep(next.unwrap_or(Duration::from_secs(1)));
         }
     }
@@ -332,7 +337,7 @@ impl Worker {
     /// follow the change log after the requests are taken and before any
     /// is searched, when one needs changes not read yet: each sees every
     /// change committed before it was submitted.
-    fn take_requests(&mut self) -> Result<bool, String> {
+    fn take_requests(&mut self, now: Instant) -> Result<bool, String> {
         let mut taken = std::mem::take(&mut self.taken);
         taken.clear();
         for (i, slot) in self.shared.slots().iter().enumerate() {
@@ -353,8 +358,10 @@ impl Worker {
             unsafe { self.residency.sync(&self.device, self.shared)? };
         }
         let took = !taken.is_empty();
+        // SAFETY: reads the clock; any process may.
+        let taken_at = if took { unsafe { pg_sys::GetCurrentTimestamp() } } else { 0 };
         for &(i, seq) in &taken {
-            self.start(i, seq)?;
+            self.start(i, seq, taken_at, now)?;
         }
         if let Err(o) = self.device.send_held() {
             // the device is lost: the held searches fail when polled
@@ -364,14 +371,13 @@ impl Worker {
         Ok(took)
     }
 
-    /// Starts the search of the request in slot `i`, just taken under `seq`.
-    fn start(&mut self, i: usize, seq: u64) -> Result<(), String> {
+    /// Starts the search of the request in slot `i`, just taken under `seq`
+    /// at `taken_at` (GetCurrentTimestamp) in the pass that began `now`.
+    fn start(&mut self, i: usize, seq: u64, taken_at: i64, now: Instant) -> Result<(), String> {
         let shared = self.shared;
         // SAFETY: take_requests took the slot (WORKING under `seq`): no one
         // writes its request until the worker lets go of it.
         let req = unsafe { shared.slots()[i].request() };
-        // SAFETY: reads the clock; any process may.
-        let taken_at = unsafe { pg_sys::GetCurrentTimestamp() };
         add(&shared.counters.taken, 1);
         shared.counters.latency.queue.record(taken_at - req.submitted_at);
         if req.fault {
@@ -395,15 +401,14 @@ impl Worker {
                 Work::Done(Err(Outcome::Stale))
             }
         };
-        let due = Instant::now() + Duration::from_millis(req.delay_ms as u64);
+        let due = (req.delay_ms > 0).then(|| now + Duration::from_millis(req.delay_ms as u64));
         self.inflight.push(InFlight { slot: i, seq, taken_at, due, batch: req.batch_n, work });
         Ok(())
     }
 
     /// Polls the searches on the device and answers those that are done;
     /// whether any is still on the device.
-    fn progress(&mut self) -> Result<bool, String> {
-        let now = Instant::now();
+    fn progress(&mut self, now: Instant) -> Result<bool, String> {
         let mut on_device = false;
         let mut i = 0;
         while i < self.inflight.len() {
@@ -447,7 +452,7 @@ impl Worker {
                     Err(o) => f.work = Work::Done(Err(failed(&self.device, o)?)),
                 }
             }
-            if now < f.due {
+            if f.due.is_some_and(|d| now < d) {
                 i += 1;
                 continue;
             }
@@ -465,18 +470,16 @@ impl Worker {
         // touches the request and the reply meanwhile.
         let (procno, reply) = unsafe { (slot.request().procno, slot.reply_mut()) };
         let c = &self.shared.counters;
+        // SAFETY: reads the clock; any process may.
+        let now = unsafe { pg_sys::GetCurrentTimestamp() };
         match f.work {
             Work::Done(Ok(_)) if f.batch > 0 => {
-                // SAFETY: reads the clock; any process may.
-                let now = unsafe { pg_sys::GetCurrentTimestamp() };
                 add(&c.batch_us, (now - f.taken_at).max(0) as u64);
                 reply.n = 0; // the answers are in the batch's segment
                 reply.outcome = Outcome::Answered;
             }
             Work::Done(Ok(hits)) => {
                 add(&c.searched, 1);
-                // SAFETY: reads the clock; any process may.
-                let now = unsafe { pg_sys::GetCurrentTimestamp() };
                 c.latency.search.record(now - f.taken_at);
                 let n = hits.len().min(MAX_HITS);
                 for (j, &(_, node)) in hits[..n].iter().enumerate() {
@@ -491,8 +494,7 @@ impl Worker {
             }
             Work::Gpu(_) | Work::Batch(..) => unreachable!("answered only when done"),
         }
-        // SAFETY: as for `now` above.
-        reply.answered_at = unsafe { pg_sys::GetCurrentTimestamp() };
+        reply.answered_at = now;
         add(&c.answered, 1);
         if slot.answer(f.seq) {
             let t = Instant::now();

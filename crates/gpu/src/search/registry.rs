@@ -486,7 +486,11 @@ impl Registry {
         // the last patch's copies have left the staging buffer (long since,
         // as a rule)
         self.wait_patches()?;
-        self.patched.synchronize().map_err(|e| SearchError::from(cuda("patching an index", e)))?;
+        if self.doorbell.is_none() {
+            // on streams: the last patch's copies (its event; the doorbell
+            // records none, and wait_patches was its wait)
+            self.patched.synchronize().map_err(|e| SearchError::from(cuda("patching an index", e)))?;
+        }
         // rows, flags, lists, the table entry: one batch (see above)
         let mut up = Upload::new(&mgmt, &staging, self.scatter.as_ref(), self.doorbell.as_deref());
         let rb = res.fmt.row_bytes();

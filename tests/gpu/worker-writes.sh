@@ -27,7 +27,8 @@
 #
 #   CLIENTS="64 16" MODES="0 200 1000 5000 max del" SECS=8 bash tests/gpu/worker-writes.sh [DIR]
 #
-# (SPIN=us: the searches' gpu_graph.worker_spin.)
+# (SPIN=us: the searches' gpu_graph.worker_spin; HYBRID=on|off their
+# gpu_graph.worker_hybrid_poll.)
 #
 # Fails (after every mode has run) when a mode's scans (but max's) were
 # served by the worker less than 95% of the time, recall through the
@@ -179,7 +180,7 @@ for c in ${CLIENTS:-64}; do
     writers+=($!)
     split_cpu $w/split_$name &
     writers+=($!)
-    PGAPPNAME=gg_search PGOPTIONS="-c gpu_graph.search_device=gpu -c gpu_graph.ef_search=20 ${SPIN:+-c gpu_graph.worker_spin=$SPIN}" pgbench -n -M prepared -c "$c" -j 16 \
+    PGAPPNAME=gg_search PGOPTIONS="-c gpu_graph.search_device=gpu -c gpu_graph.ef_search=20 ${SPIN:+-c gpu_graph.worker_spin=$SPIN} ${HYBRID:+-c gpu_graph.worker_hybrid_poll=$HYBRID}" pgbench -n -M prepared -c "$c" -j 16 \
       -T "$secs" -f $w/knn.sql --log --log-prefix="$w/pgb_$name/log" postgres >"$w/search_$name.log" 2>&1 ||
       { cat "$w/search_$name.log"; fail "pgbench $name"; }
     for p in "${writers[@]}"; do wait "$p" || { cat "$w/writes_$name.log"; fail "writes $name"; }; done

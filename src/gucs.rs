@@ -56,8 +56,6 @@ pub static BATCH_PREFIX: GucSetting<i32> = GucSetting::<i32>::new(0);
 /// Microseconds a scan polls its slot (yielding its core between looks)
 /// before sleeping on its latch.
 pub static WORKER_SPIN: GucSetting<i32> = GucSetting::<i32>::new(200);
-/// Whether a scan first sleeps half the worker's recent answer time before it polls.
-pub static WORKER_HYBRID_POLL: GucSetting<bool> = GucSetting::<bool>::new(true);
 /// Megabytes of device memory a GPU build may use before it builds in
 /// shards; 0 = the device's free memory less a margin.
 pub static BUILD_GPU_MEMORY: GucSetting<i32> = GucSetting::<i32>::new(0);
@@ -162,16 +160,6 @@ pub fn register() {
         &WORKER_SPIN,
         0,
         1000,
-        GucContext::Userset,
-        GucFlags::default(),
-    );
-    GucRegistry::define_bool_guc(
-        c"gpu_graph.worker_hybrid_poll",
-        c"Whether a scan waiting for the search worker sleeps half the worker's recent answer time before it polls.",
-        c"Hybrid polling, as Linux polls NVMe completions: the scan is off the CPU for the part of the wait the \
-          answer cannot come in, leaving the cores to the worker and to writers, and still sees the answer \
-          without a wake-up signal from the worker. Off: it polls from submission.",
-        &WORKER_HYBRID_POLL,
         GucContext::Userset,
         GucFlags::default(),
     );

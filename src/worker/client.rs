@@ -33,9 +33,7 @@ use super::ring::{Reply, Request, Slot, MAX_HITS, MAX_QUERY_DIM};
 use super::shmem::{shared, Shared};
 use super::stats::{add, counters, record, record_batch_fallback};
 use super::{nap, set_latch};
-use crate::gucs::{
-    SearchDevice, GPU_TIMEOUT, INJECT_FAULT, SEARCH_DEVICE, WORKER_DELAY, WORKER_HYBRID_POLL, WORKER_SPIN,
-};
+use crate::gucs::{SearchDevice, GPU_TIMEOUT, INJECT_FAULT, SEARCH_DEVICE, WORKER_DELAY, WORKER_SPIN};
 use crate::storage::meta::Meta;
 use crate::storage::page_store::PageStore;
 
@@ -211,60 +209,8 @@ unsafe fn ask(index: pg_sys::Relation, meta: &Meta, query: &[f32], ef: usize) ->
             let c = counters();
             c.latency.roundtrip.record(now - submitted_at);
             c.latency.wake.record(now - reply.answered_at);
-            note_answer_time(reply.answered_at - submitted_at);
             reply.nodes[..reply.n as usize].to_vec()
         })
-    }
-}
-
-/// This backend's running mean of how long the worker took to answer its
-/// scans, from submission to the answer written (µs, the two stamps of the
-/// reply: a scan's own late wake-up does not lengthen it).
-static ANSWER_US: AtomicI64 = AtomicI64::new(0);
-
-/// Adds one scan's answer time to [`ANSWER_US`] (a mean over the last
-/// eight or so).
-fn note_answer_time(us: i64) {
-    let m = ANSWER_US.load(Ordering::Relaxed);
-    ANSWER_US.store(m + (us.clamp(0, 2 * MAX_NAP_US) - m) / 8, Ordering::Relaxed);
-}
-
-/// Naps shorter than this are not taken: a sleep and its wake-up cost the
-/// backend a few microseconds and may overrun by as many, and a lone
-/// client's answers (~60-70 us on 1M SIFT, H200) should be seen at once.
-const MIN_NAP_US: i64 = 50;
-/// Nor longer than this, whatever the mean says.
-const MAX_NAP_US: i64 = 2_000;
-
-/// How long a scan sleeps before it polls (gpu_graph.worker_hybrid_poll):
-/// half its recent answer time, as Linux's hybrid polling of NVMe
-/// completions sleeps half the mean completion time. The half the answer
-/// cannot come in, the scan's core serves the worker and the writers
-/// instead of polling: under writes the answers take longer and the polls
-/// took the cores the worker needed (its process on a core 67% of the time
-/// at 64 clients and 5,000 inserts/s, H200).
-fn nap_first() -> Duration {
-    let half = ANSWER_US.load(Ordering::Relaxed) / 2;
-    if !WORKER_HYBRID_POLL.get() || half < MIN_NAP_US {
-        return Duration::ZERO;
-    }
-    Duration::from_micros(half.min(MAX_NAP_US) as u64)
-}
-
-/// Sleeps `d` once without the latch (a signal ends it early: its
-/// interrupt is served at the next latch wait), with the kernel's timer
-/// slack for this backend set to a microsecond at the first nap (50 us by
-/// default: as long as the naps).
-fn sleep_briefly(d: Duration) {
-    static SLACK: std::sync::Once = std::sync::Once::new();
-    // SAFETY: prctl(PR_SET_TIMERSLACK) changes only the calling thread's
-    // timer slack; nanosleep reads the timespec we own.
-    unsafe {
-        SLACK.call_once(|| {
-            libc::prctl(libc::PR_SET_TIMERSLACK, 1000 as libc::c_ulong);
-        });
-        let ts = libc::timespec { tv_sec: 0, tv_nsec: d.as_nanos().min(999_999_999) as libc::c_long };
-        libc::nanosleep(&ts, std::ptr::null_mut());
     }
 }
 
@@ -465,15 +411,9 @@ fn wait(shared: &Shared, claim: &Claim, starts: u64, patience: Patience) -> Resu
     // 32 / 64 clients, against 102-103k / 103k polling without them and
     // 110k / 120-123k sleeping at once (polling without yields, another
     // call: 106k at 32 clients, 65k at 64). Inserts and batches sleep at
-    // once. With gpu_graph.worker_hybrid_poll the polls begin after a nap
-    // of half the recent answer time (nap_first).
+    // once.
     let spin = if poll { Duration::from_micros(WORKER_SPIN.get().max(0) as u64) } else { Duration::ZERO };
-    let first = if poll { nap_first() } else { Duration::ZERO };
-    if !first.is_zero() {
-        sleep_briefly(first);
-    }
-    let polling = Instant::now();
-    while polling.elapsed() < spin {
+    while t0.elapsed() < spin {
         if claim.slot.state() == (claim.seq, super::ring::State::Done) {
             return Ok(());
         }

@@ -27,8 +27,7 @@
 #
 #   CLIENTS="64 16" MODES="0 200 1000 5000 max del" SECS=8 bash tests/gpu/worker-writes.sh [DIR]
 #
-# (SPIN=us: the searches' gpu_graph.worker_spin; HYBRID=on|off their
-# gpu_graph.worker_hybrid_poll.)
+# (SPIN=us: the searches' gpu_graph.worker_spin.)
 #
 # Fails (after every mode has run) when a mode's scans (but max's) were
 # served by the worker less than 95% of the time, recall through the
@@ -116,9 +115,25 @@ split_cpu() {
   s=" $(apps gg_search) "; i=" $(apps gg_write) "; k=$(stats worker,pid)
   t0=$(date +%s.%N)
   ticks $(pgrep -x postgres) $(pgrep -x pgbench) >"$1.0"
-  sleep "$(awk -v s="$secs" 'BEGIN {print s - 3}')"
+  local r0 r1 sl
+  r0=$(cat "/proc/$k/schedstat" 2>/dev/null || echo "0 0 0")
+  # the worker's main thread's state (R running or runnable, S asleep,
+  # D in the kernel) and, asleep, the kernel function it waits in
+  sl=$(awk -v a="$EPOCHREALTIME" -v s="$secs" 'BEGIN {printf "%.0f", (a + s - 3) * 1e6}')
+  while [ "${EPOCHREALTIME/./}" -lt "$sl" ]; do
+    read -r _ _ st _ <"/proc/$k/stat" 2>/dev/null || break
+    [ "$st" = R ] && echo R || echo "$st:$(cat "/proc/$k/wchan" 2>/dev/null)"
+    sleep 0.01
+  done >"$1.states"
+  r1=$(cat "/proc/$k/schedstat" 2>/dev/null || echo "0 0 0")
   ticks $(pgrep -x postgres) $(pgrep -x pgbench) >"$1.1"
   t1=$(date +%s.%N)
+  # the worker's main thread over the window (schedstat: ns on a core, ns
+  # runnable waiting for one; the rest asleep)
+  awk -v a="$r0" -v b="$r1" -v t0="$t0" -v t1="$t1" 'BEGIN {
+    split(a, x); split(b, y); w = (t1 - t0) * 1e9
+    printf "worker main thread: on a core %.0f%%, runnable waiting for one %.0f%%, asleep %.0f%%; sampled:", 100 * (y[1] - x[1]) / w, 100 * (y[2] - x[2]) / w, 100 - 100 * (y[1] - x[1] + y[2] - x[2]) / w }' >"$1.sched"
+  sort "$1.states" | uniq -c | sort -rn | awk '{printf " %s %d", $2, $1}' >>"$1.sched"
   local pgb=" $(pgrep -x pgbench | tr '\n' ' ') "
   awk -v t="$(awk -v a="$t0" -v b="$t1" 'BEGIN {print b - a}')" -v s="$s" -v i="$i" -v k=" $k " -v p="$pgb" '
     FNR == NR {a[$1] = $2; next}
@@ -180,7 +195,7 @@ for c in ${CLIENTS:-64}; do
     writers+=($!)
     split_cpu $w/split_$name &
     writers+=($!)
-    PGAPPNAME=gg_search PGOPTIONS="-c gpu_graph.search_device=gpu -c gpu_graph.ef_search=20 ${SPIN:+-c gpu_graph.worker_spin=$SPIN} ${HYBRID:+-c gpu_graph.worker_hybrid_poll=$HYBRID}" pgbench -n -M prepared -c "$c" -j 16 \
+    PGAPPNAME=gg_search PGOPTIONS="-c gpu_graph.search_device=gpu -c gpu_graph.ef_search=20 ${SPIN:+-c gpu_graph.worker_spin=$SPIN}" pgbench -n -M prepared -c "$c" -j 16 \
       -T "$secs" -f $w/knn.sql --log --log-prefix="$w/pgb_$name/log" postgres >"$w/search_$name.log" 2>&1 ||
       { cat "$w/search_$name.log"; fail "pgbench $name"; }
     for p in "${writers[@]}"; do wait "$p" || { cat "$w/writes_$name.log"; fail "writes $name"; }; done
@@ -224,6 +239,7 @@ for c in ${CLIENTS:-64}; do
     awk -v n="$name" -v b="$((wb1 - wb0))" -v f="$((wf1 - wf0))" -v k="$((ck1 - ck0))" -v s="$secs" 'BEGIN {
         printf "%s: WAL %.1f MB/s, %.0f full-page images/s, %d checkpoints\n", n, b / s / 1e6, f / s, k }' | tee -a "$out/thread.txt"
     read -r cs ci ck co cp <$w/split_$name
+    echo "$name: $(cat $w/split_$name.sched)" | tee -a "$out/thread.txt"
     awk -v n="$name" -v cs="$cs" -v ci="$ci" -v ck="$ck" -v co="$co" -v cp="$cp" -v q="$tps" -v wr="$wtps" 'BEGIN {
         printf "%s: cores: searches %.2f (%.0f us a query), writes %.2f (%s us a write), worker %.2f, rest of the server %.2f, pgbench %.2f\n",
           n, cs, q ? 1e6 * cs / q : 0, ci, wr ? sprintf("%.0f", 1e6 * ci / wr) : "-", ck, co, cp }' | tee -a "$out/thread.txt"

@@ -88,6 +88,19 @@ pub enum WorkerDevice {
     Cpu,
 }
 
+#[derive(PostgresGucEnum, Clone, Copy, PartialEq, Eq, Debug)]
+pub enum WorkerCore {
+    /// when the worker searches on a GPU and may run on 8 cores or more
+    #[name = c"auto"]
+    Auto,
+    /// whenever it may run on 2 cores or more
+    #[name = c"on"]
+    On,
+    #[name = c"off"]
+    Off,
+}
+
+pub static WORKER_CORE: GucSetting<WorkerCore> = GucSetting::<WorkerCore>::new(WorkerCore::Auto);
 pub static WORKER: GucSetting<WorkerStart> = GucSetting::<WorkerStart>::new(WorkerStart::Auto);
 pub static WORKER_DEVICE: GucSetting<WorkerDevice> = GucSetting::<WorkerDevice>::new(WorkerDevice::Gpu);
 /// Query slots of the shared-memory ring.
@@ -150,6 +163,16 @@ pub fn register() {
         0,
         256,
         GucContext::Userset,
+        GucFlags::default(),
+    );
+    GucRegistry::define_enum_guc(
+        c"gpu_graph.worker_core",
+        c"Whether the search worker keeps a core to itself, which the backends that ask it keep off.",
+        c"The worker's main thread polls without sleeping; sharing the cores with the backends it waited \
+          for one up to a third of the time under writes. auto: when it searches on a GPU and may run on \
+          8 cores or more; on: on 2 or more; off: never. It keeps the last core it may run on.",
+        &WORKER_CORE,
+        GucContext::Sighup,
         GucFlags::default(),
     );
     GucRegistry::define_int_guc(

@@ -31,6 +31,7 @@ use super::device::{BatchStart, Device, Handle, Hits, Start};
 use super::gpu::{GpuBatch, GpuPending};
 use super::image::Key;
 use super::outcome::Outcome;
+use super::own_core;
 use super::residency::{Lookup, Residency};
 use super::ring::{Request, State, MAX_HITS};
 use super::shmem::{shared, Shared};
@@ -132,6 +133,7 @@ pub extern "C-unwind" fn gpu_graph_worker_main(_arg: pg_sys::Datum) {
     }
     let auto_limit = device.auto_limit();
     shared.worker_device.store(device.code(), Ordering::Relaxed);
+    keep_core(shared, &device);
     // SAFETY: MyProc and MyProcPid are this process's, set before its main
     // function runs.
     let (procno, pid) = unsafe { ((*pg_sys::MyProc).pgprocno, pg_sys::MyProcPid) };
@@ -168,6 +170,7 @@ unsafe extern "C-unwind" fn at_exit(_code: i32, _arg: pg_sys::Datum) {
     let Some(shared) = shared() else { return };
     shared.worker_pid.store(0, Ordering::Release);
     shared.worker_device.store(0, Ordering::Relaxed);
+    shared.worker_core.store(0, Ordering::Relaxed);
     shared.residents.publish(&[]);
     for slot in shared.slots() {
         if matches!(slot.state().1, State::Submitted | State::Working) {
@@ -183,6 +186,13 @@ unsafe extern "C-unwind" fn at_exit(_code: i32, _arg: pg_sys::Datum) {
     // SAFETY: the worker's exit callback, on its main thread; the worker
     // holds no lock it still needs.
     unsafe { pg_sys::LockReleaseAll(pg_sys::DEFAULT_LOCKMETHOD as u16, true) };
+}
+
+/// Keeps a core to the worker's main thread, or none, as
+/// gpu_graph.worker_core says; the backends read which in shared memory.
+fn keep_core(shared: &Shared, device: &Device) {
+    let core = own_core::keep_for_worker(matches!(device, Device::Gpu(_)));
+    shared.worker_core.store(core.map_or(0, |c| c as i32 + 1), Ordering::Relaxed);
 }
 
 /// Why the worker stops serving (it exits either way, and is started again).
@@ -268,6 +278,7 @@ impl Worker {
                 if std::ptr::read_volatile(&raw const pg_sys::ConfigReloadPending) != 0 {
                     pg_sys::ConfigReloadPending = 0;
                     pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP);
+                    keep_core(shared, &self.device);
                 }
             }
             if self.segment.as_ref().is_some_and(|(_, since)| pass.saturating_duration_since(*since) > SEGMENT_KEEP) {

@@ -12,6 +12,7 @@
 //!   reading them from pages
 //! - [`changes`]: the pages backends changed, which the copies follow
 //! - [`device`], [`gpu`]: what the worker searches with
+//! - [`own_core`]: the core the worker keeps to itself
 //! - [`outcome`]: how a scan's first round went, end to end
 //! - [`stats`]: counters, gpu_graph_worker_stats()
 //!
@@ -29,6 +30,7 @@ mod gpu_builds;
 mod image;
 mod latency;
 mod outcome;
+mod own_core;
 mod residency;
 mod ring;
 mod shmem;

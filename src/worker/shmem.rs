@@ -27,6 +27,8 @@ pub struct Shared {
     pub worker_starts: AtomicU64,
     /// what the running worker searches with: [`DEVICE_CPU`] or [`DEVICE_GPU`]
     pub worker_device: AtomicU32,
+    /// the core the worker keeps to itself, plus one (0: none; see `own_core`)
+    pub worker_core: AtomicI32,
     pub counters: Counters,
     pub residents: ResidentTable,
     /// backends building an index on the GPU now (see `gpu_builds`)
@@ -75,6 +77,11 @@ impl Shared {
             let first = (self as *const Shared as *const u8).add(header_size()) as *const Slot;
             std::slice::from_raw_parts(first, self.nslots as usize)
         }
+    }
+
+    /// The core the worker keeps to itself, -1 for none.
+    pub fn worker_core(&self) -> i32 {
+        self.worker_core.load(Ordering::Relaxed) - 1
     }
 
     /// The serving worker's pid, when one serves.

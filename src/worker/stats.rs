@@ -300,6 +300,8 @@ struct Ring {
     pid: Option<i32>,
     device: Option<&'static str>,
     starts: u64,
+    /// the core the worker keeps to itself (gpu_graph.worker_core)
+    core: Option<i32>,
     slots: u32,
     slots_in_use: usize,
 }
@@ -387,6 +389,7 @@ fn ring(s: &Shared) -> Ring {
             _ => None,
         },
         starts: get(&s.worker_starts),
+        core: Some(s.worker_core()).filter(|&c| c >= 0),
         slots: s.nslots,
         slots_in_use: s.slots().iter().filter(|slot| slot.state().1 != State::Free).count(),
     }
@@ -500,11 +503,11 @@ mod tests {
     fn absent_values_are_null_and_the_ring_only_when_preloaded() {
         let alone = Worker { state: "not preloaded", ring: None };
         assert_eq!(serde_json::to_value(alone).unwrap(), json!({"state": "not preloaded"}));
-        let ring = Ring { pid: None, device: None, starts: 1, slots: 8, slots_in_use: 0 };
+        let ring = Ring { pid: None, device: None, starts: 1, core: None, slots: 8, slots_in_use: 0 };
         let absent = Worker { state: "absent", ring: Some(ring) };
         assert_eq!(
             serde_json::to_value(absent).unwrap(),
-            json!({"state": "absent", "pid": null, "device": null, "starts": 1, "slots": 8, "slots_in_use": 0})
+            json!({"state": "absent", "pid": null, "device": null, "starts": 1, "core": null, "slots": 8, "slots_in_use": 0})
         );
         let info = SearchInfo { worker: "running", resident: None };
         assert_eq!(serde_json::to_value(info).unwrap(), json!({"worker": "running", "resident": null}));

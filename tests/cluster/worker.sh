@@ -172,6 +172,38 @@ before=$(stat scans,worker)
 [ "$(stat scans,worker)" -gt "$before" ] || fail "gpu_graph.worker_spin: the scan was not served by the worker"
 echo "  worker_spin = 1000 (polling the slot before sleeping): served by the worker, right"
 
+echo "1b. gpu_graph.worker_core"
+# the cores a process may run on (a list as 0-3,5)
+allowed() { awk '/^Cpus_allowed_list/ {print $2}' "/proc/$1/status"; }
+# a backend's own, after a scan through the worker (or without one)
+backend_allowed() {
+  q -c "$GPU" -c "${1:-SELECT knn('$QV', 5)}" -c "SELECT substring(pg_read_file('/proc/self/status') FROM 'Cpus_allowed_list:\s*(\S+)')" | tail -n 1
+}
+# whether core $2 is in list $1
+holds() { python3 -c 'import sys; c = int(sys.argv[2]); sys.exit(0 if any(int(r.split("-")[0]) <= c <= int(r.split("-")[-1]) for r in sys.argv[1].split(",") if r) else 1)' "$1" "$2"; }
+# the postmaster's (the worker's parent), which every server process starts with
+server=$(allowed "$(awk '/^PPid/ {print $2}' "/proc/$(stat worker,pid)/status")")
+q -c "ALTER SYSTEM SET gpu_graph.worker_core = on" -c "SELECT pg_reload_conf()" >/dev/null
+if [ "$(nproc)" -ge 2 ]; then
+  wait_for "gpu_graph_worker_stats() #>> '{worker,core}' IS NOT NULL" || fail "worker_core = on: the worker keeps no core"
+  core=$(stat worker,core)
+  [ "$(allowed "$(stat worker,pid)")" = "$core" ] || fail "the worker keeps core $core but may run on $(allowed "$(stat worker,pid)")"
+  before=$(stat scans,worker)
+  mine=$(backend_allowed)
+  [ "$(stat scans,worker)" -gt "$before" ] || fail "worker_core = on: the scan was not served by the worker"
+  ! holds "$mine" "$core" || fail "a backend that asked the worker still runs on its core $core ($mine)"
+  holds "$server" "$core" || fail "the worker's core $core is not one of the server's ($server)"
+  [ "$(check)" = t ] || fail "a wrong answer with the worker on its own core"
+  echo "  on: the worker runs on core $core alone, a backend that asked it on $mine (the server's: $server); answers right"
+  q -c "ALTER SYSTEM SET gpu_graph.worker_core = off" -c "SELECT pg_reload_conf()" >/dev/null
+  wait_for "gpu_graph_worker_stats() #>> '{worker,core}' IS NULL" || fail "worker_core = off: the worker still keeps a core"
+  [ "$(allowed "$(stat worker,pid)")" = "$server" ] || fail "worker_core = off: the worker runs on $(allowed "$(stat worker,pid)"), not $server"
+  echo "  off: the worker runs on $server again"
+else
+  echo "  one core: none kept ($(stat worker,core))"
+fi
+q -c "ALTER SYSTEM RESET gpu_graph.worker_core" -c "SELECT pg_reload_conf()" >/dev/null
+
 echo "2. gpu_timeout"
 before=$(stat fallbacks,timeout)
 t0=$(ms)

@@ -68,9 +68,11 @@ pub static INJECT_FAULT: GucSetting<bool> = GucSetting::<bool>::new(false);
 /// Test switch: the worker holds this session's answers this many ms.
 pub static WORKER_DELAY: GucSetting<i32> = GucSetting::<i32>::new(0);
 
+/// A switch that may also be left to gpu_graph: gpu_graph.worker (auto:
+/// when a GPU device node exists, or worker_device = cpu) and
+/// gpu_graph.worker_core (auto: see worker::own_core).
 #[derive(PostgresGucEnum, Clone, Copy, PartialEq, Eq, Debug)]
-pub enum WorkerStart {
-    /// when a GPU device node exists, or worker_device = cpu
+pub enum Switch {
     #[name = c"auto"]
     Auto,
     #[name = c"on"]
@@ -88,20 +90,8 @@ pub enum WorkerDevice {
     Cpu,
 }
 
-#[derive(PostgresGucEnum, Clone, Copy, PartialEq, Eq, Debug)]
-pub enum WorkerCore {
-    /// when the worker searches on a GPU and may run on 8 cores or more
-    #[name = c"auto"]
-    Auto,
-    /// whenever it may run on 2 cores or more
-    #[name = c"on"]
-    On,
-    #[name = c"off"]
-    Off,
-}
-
-pub static WORKER_CORE: GucSetting<WorkerCore> = GucSetting::<WorkerCore>::new(WorkerCore::Auto);
-pub static WORKER: GucSetting<WorkerStart> = GucSetting::<WorkerStart>::new(WorkerStart::Auto);
+pub static WORKER_CORE: GucSetting<Switch> = GucSetting::<Switch>::new(Switch::Auto);
+pub static WORKER: GucSetting<Switch> = GucSetting::<Switch>::new(Switch::Auto);
 pub static WORKER_DEVICE: GucSetting<WorkerDevice> = GucSetting::<WorkerDevice>::new(WorkerDevice::Gpu);
 /// Query slots of the shared-memory ring.
 pub static WORKER_SLOTS: GucSetting<i32> = GucSetting::<i32>::new(128);

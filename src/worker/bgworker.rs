@@ -37,7 +37,7 @@ use super::ring::{Request, State, MAX_HITS};
 use super::shmem::{shared, Shared};
 use super::stats::{add, Counters};
 use super::{nap, set_latch, sleep};
-use crate::gucs::{WorkerDevice, WorkerStart, GPU_MEMORY_LIMIT, WORKER, WORKER_DEVICE};
+use crate::gucs::{Switch, WorkerDevice, GPU_MEMORY_LIMIT, WORKER, WORKER_DEVICE};
 
 /// Seconds the postmaster waits before starting a worker that exited.
 const RESTART_SECONDS: i32 = 1;
@@ -55,9 +55,9 @@ const SWEEP_EVERY: Duration = Duration::from_secs(10);
 /// CUDA context, which forked children cannot use) or the CPU test mode.
 pub fn wanted() -> bool {
     match WORKER.get() {
-        WorkerStart::Off => false,
-        WorkerStart::On => true,
-        WorkerStart::Auto => {
+        Switch::Off => false,
+        Switch::On => true,
+        Switch::Auto => {
             WORKER_DEVICE.get() == WorkerDevice::Cpu
                 || ["/dev/nvidiactl", "/dev/nvidia0"].iter().any(|p| Path::new(p).exists())
         }

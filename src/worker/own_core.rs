@@ -15,7 +15,7 @@
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::OnceLock;
 
-use crate::gucs::{WorkerCore, WORKER_CORE};
+use crate::gucs::{Switch, WORKER_CORE};
 
 /// Below this many cores (the worker's allowed set) `auto` keeps none: a
 /// core is then too large a share to set aside.
@@ -56,9 +56,9 @@ pub fn keep_for_worker(on_gpu: bool) -> Option<usize> {
     let orig = original()?;
     let n = cores(orig).count();
     let wanted = match WORKER_CORE.get() {
-        WorkerCore::Off => false,
-        WorkerCore::On => n >= 2,
-        WorkerCore::Auto => on_gpu && n >= AUTO_MIN_CORES,
+        Switch::Off => false,
+        Switch::On => n >= 2,
+        Switch::Auto => on_gpu && n >= AUTO_MIN_CORES,
     };
     let core = cores(orig).next_back().filter(|_| wanted);
     let set = match core {

@@ -545,7 +545,8 @@ fn pin_outliers(e: u32, list: &mut [u32], pinned: &[u32]) {
 /// page is read), then each of `changes.pages` once, only the nodes of it
 /// that changed (read after every change noted in the log so far: the
 /// latest content). When the log carries all of it, the meta page's
-/// contents included (what an INSERT changes), nothing is read from the
+/// contents included (what an INSERT changes) or unchanged since `last`
+/// (the meta page as the copy last applied it: kept up to date here), nothing is read from the
 /// index's file: neither its locks nor the meta page, which every insert
 /// locks, are waited for. The index's generation now, or None when the
 /// copy cannot follow (the index locked by DDL, gone, or no longer the
@@ -559,12 +560,20 @@ pub unsafe fn patch(
     target: &mut dyn Target,
     changes: &mut Changed,
     lsns: &mut Vec<u64>,
+    last: &mut Option<Meta>,
 ) -> Option<u64> {
-    if let Some(m) = changes.meta.as_ref().and_then(|r| meta_from(r.bytes())) {
+    // the meta page's contents the log carries, else, when the log noted
+    // no change of it, those the copy last applied: every write of the
+    // meta page is noted, so it still holds them (an insert's lists of
+    // neighbours, written after its node's allocation, come so)
+    let carried = changes.meta.as_ref().and_then(|r| meta_from(r.bytes()));
+    let known = if changes.meta.is_none() && changes.pages.is_empty() { *last } else { None };
+    if let Some(m) = carried.or(known) {
         let l = begin(&m, target, changes)?;
         if changes.pages.is_empty() {
             from_log(&l, target, changes);
             add(&counters().patches_from_log, 1);
+            *last = Some(m);
             return Some(end(&m, target));
         }
         // (pages to read: the file's meta page, as new or newer, is
@@ -572,7 +581,7 @@ pub unsafe fn patch(
     }
     // SAFETY: the caller's contract.
     unsafe {
-        with_file(key, file, |rnode, nblocks| patch_blocks(rnode, file.permanent, nblocks, target, changes, lsns))
+        with_file(key, file, |rnode, nblocks| patch_blocks(rnode, file.permanent, nblocks, target, changes, lsns, last))
     }
 }
 
@@ -672,6 +681,7 @@ unsafe fn patch_blocks(
     target: &mut dyn Target,
     changes: &mut Changed,
     lsns: &mut Vec<u64>,
+    last: &mut Option<Meta>,
 ) -> Option<u64> {
     let strategy = std::ptr::null_mut();
     // SAFETY: the caller's contract; block 0 exists (nblocks > 0).
@@ -690,6 +700,7 @@ unsafe fn patch_blocks(
         }
     }
     add(&counters().patched_rows_from_pages, read as u64);
+    *last = Some(m);
     Some(end(&m, target))
 }
 
@@ -728,7 +739,13 @@ fn note_lsn(lsns: &mut Vec<u64>, b: u32, lsn: u64) {
 ///
 /// # Safety
 /// As for [`patch`].
-pub unsafe fn resync(key: Key, file: File, target: &mut dyn Target, lsns: &mut Vec<u64>) -> Option<(u64, usize)> {
+pub unsafe fn resync(
+    key: Key,
+    file: File,
+    target: &mut dyn Target,
+    lsns: &mut Vec<u64>,
+    last: &mut Option<Meta>,
+) -> Option<(u64, usize)> {
     if !file.permanent {
         return None;
     }
@@ -746,7 +763,7 @@ pub unsafe fn resync(key: Key, file: File, target: &mut dyn Target, lsns: &mut V
             }
             pg_sys::FreeAccessStrategy(strategy);
             let read = changed.pages.len();
-            patch_blocks(rnode, true, nblocks, target, &mut changed, lsns).map(|g| (g, read))
+            patch_blocks(rnode, true, nblocks, target, &mut changed, lsns, last).map(|g| (g, read))
         })
     }
 }

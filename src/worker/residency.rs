@@ -13,6 +13,7 @@ use super::outcome::Outcome;
 use super::ring::Request;
 use super::shmem::Shared;
 use super::stats::{add, ResidentEntry};
+use crate::storage::meta::Meta;
 
 /// Pages read per step of a load (about 2 MB, well under a millisecond):
 /// requests wait at most that long behind a load.
@@ -29,6 +30,21 @@ pub struct Resident {
     used: u64,
     /// each block's LSN as the copy last read it whole (image::resync)
     lsns: Vec<u64>,
+    /// the meta page as the copy last applied it (image::patch)
+    meta: Option<Meta>,
+    /// a change did not make it into the copy (a failed patch, or the log
+    /// lost changes that could not be read again): it answers no request
+    /// and follows the log no more until a new copy replaces it
+    lost: bool,
+}
+
+impl Resident {
+    /// A change did not make it into the copy: see `lost`.
+    fn lose(&mut self) {
+        self.lost = true;
+        self.generation = 0;
+        self.meta = None;
+    }
 }
 
 pub enum Lookup<'a> {
@@ -67,7 +83,7 @@ impl Residency {
             // follows the log (generation 0: it does not) and has every
             // change committed before the request: an insert in progress
             // may have moved the generation on already
-            Some(r) if r.generation >= generation || (r.generation != 0 && followed) => {
+            Some(r) if !r.lost && (r.generation >= generation || (r.generation != 0 && followed)) => {
                 r.used = self.clock;
                 Lookup::Ready(r)
             }
@@ -160,10 +176,13 @@ impl Residency {
                 // the lost changes moved their pages' LSNs: each copy reads
                 // those pages again in place and keeps answering (else it
                 // is refreshed whole when a request asks for a newer one)
-                for r in &mut self.residents {
+                for r in self.residents.iter_mut().filter(|r| !r.lost) {
                     // SAFETY: the worker's main thread (the caller's contract).
-                    // (generation 0: refreshed whole when a request needs it)
-                    r.generation = unsafe { resync(r, device, shared) }?.unwrap_or(0);
+                    // (lost: refreshed whole when a request needs it)
+                    match unsafe { resync(r, device, shared) }? {
+                        Some(g) => r.generation = g,
+                        None => r.lose(),
+                    }
                 }
                 if let Some(l) = self.loading.as_mut() {
                     l.generation = 0;
@@ -177,7 +196,7 @@ impl Residency {
         }
         let mut touched = false;
         let mut blocks = Changed::default();
-        for r in &mut self.residents {
+        for r in self.residents.iter_mut().filter(|r| !r.lost) {
             blocks.clear();
             self.changes.iter().filter(|c| c.key == r.key).for_each(|c| blocks.add(c));
             if blocks.is_empty() {
@@ -197,7 +216,7 @@ impl Residency {
                     touched = true;
                 }
                 // refreshed whole when a request asks for a newer one
-                None => r.generation = 0,
+                None => r.lose(),
             }
         }
         if let Some(l) = self.loading.as_mut() {
@@ -237,13 +256,16 @@ impl Residency {
         let mut lsns = std::mem::take(&mut l.lsns);
         let mut generation = l.generation;
         let mut image = l.take();
-        if !changed.is_empty() && generation != 0 {
+        let mut meta = None;
+        // (generation 0: the log lost changes made while it was read)
+        let mut lost = generation == 0;
+        if !changed.is_empty() && !lost {
             // pages written while it was read: read again, the generation
-            // then the meta page's now (else the start's: older, refreshed
-            // when a request asks for newer)
+            // then the meta page's now
             // SAFETY: the worker's main thread (the caller's contract).
-            if let Some(g) = unsafe { patch(key, file, &mut image, &mut changed, &mut lsns) } {
-                generation = g;
+            match unsafe { patch(key, file, &mut image, &mut changed, &mut lsns, &mut meta) } {
+                Some(g) => generation = g,
+                None => lost = true,
             }
         }
         let nodes = image.len() as u32;
@@ -264,6 +286,8 @@ impl Residency {
                     loaded_at,
                     used: self.clock,
                     lsns,
+                    meta,
+                    lost,
                 });
                 self.unfit.retain(|&(k, _)| k != key);
                 add(&shared.counters.loads, 1);
@@ -354,7 +378,7 @@ unsafe fn resync(r: &mut Resident, device: &Device, shared: &Shared) -> Result<O
     let out = match (&mut r.handle, device) {
         (Handle::Cpu(image), _) => {
             // SAFETY: the caller's contract.
-            let g = unsafe { image::resync(r.key, r.file, image, &mut r.lsns) };
+            let g = unsafe { image::resync(r.key, r.file, image, &mut r.lsns, &mut r.meta) };
             r.nodes = image.len() as u32;
             r.bytes = image.bytes();
             g
@@ -363,7 +387,7 @@ unsafe fn resync(r: &mut Resident, device: &Device, shared: &Shared) -> Result<O
             let Some((stored_dim, degree, n)) = gpu.dims(g) else { return Ok(None) };
             let mut t = GpuPatch { stored_dim, degree, patch: Patch { n, ..Patch::default() } };
             // SAFETY: the caller's contract.
-            match unsafe { image::resync(r.key, r.file, &mut t, &mut r.lsns) } {
+            match unsafe { image::resync(r.key, r.file, &mut t, &mut r.lsns, &mut r.meta) } {
                 None => None,
                 Some(read) => match gpu.patch(g, &t.patch) {
                     Ok(true) => {
@@ -410,7 +434,7 @@ unsafe fn follow(
         (Handle::Cpu(image), _) => {
             let read = std::time::Instant::now();
             // SAFETY: the caller's contract.
-            let g = unsafe { patch(r.key, r.file, image, blocks, &mut r.lsns) };
+            let g = unsafe { patch(r.key, r.file, image, blocks, &mut r.lsns, &mut r.meta) };
             add(&shared.counters.patch_read_us, read.elapsed().as_micros() as u64);
             r.nodes = image.len() as u32;
             r.bytes = image.bytes();
@@ -421,7 +445,7 @@ unsafe fn follow(
             let mut t = GpuPatch { stored_dim, degree, patch: Patch { n, ..Patch::default() } };
             let read = std::time::Instant::now();
             // SAFETY: the caller's contract.
-            let generation = unsafe { patch(r.key, r.file, &mut t, blocks, &mut r.lsns) };
+            let generation = unsafe { patch(r.key, r.file, &mut t, blocks, &mut r.lsns, &mut r.meta) };
             add(&shared.counters.patch_read_us, read.elapsed().as_micros() as u64);
             let Some(generation) = generation else { return Ok(None) };
             match gpu.patch(g, &t.patch) {

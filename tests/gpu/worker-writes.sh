@@ -115,8 +115,8 @@ split_cpu() {
   s=" $(apps gg_search) "; i=" $(apps gg_write) "; k=$(stats worker,pid)
   t0=$(date +%s.%N)
   ticks $(pgrep -x postgres) $(pgrep -x pgbench) >"$1.0"
-  local r0 r1 sl
-  r0=$(cat "/proc/$k/schedstat" 2>/dev/null || echo "0 0 0")
+  local r0 r1 sl e0 e1
+  r0=$(cat "/proc/$k/schedstat" 2>/dev/null || echo "0 0 0"); e0=$EPOCHREALTIME
   # the worker's main thread's state (R running or runnable, S asleep,
   # D in the kernel) and, asleep, the system call it waits in (x86-64
   # numbers, named below)
@@ -126,12 +126,13 @@ split_cpu() {
     [ "$st" = R ] && echo R || { read -r sc _ <"/proc/$k/syscall" 2>/dev/null; echo "$st:${sc:-?}"; }
     sleep 0.01
   done >"$1.states"
-  r1=$(cat "/proc/$k/schedstat" 2>/dev/null || echo "0 0 0")
+  r1=$(cat "/proc/$k/schedstat" 2>/dev/null || echo "0 0 0"); e1=$EPOCHREALTIME
   ticks $(pgrep -x postgres) $(pgrep -x pgbench) >"$1.1"
   t1=$(date +%s.%N)
   # the worker's main thread over the window (schedstat: ns on a core, ns
-  # runnable waiting for one; the rest asleep)
-  awk -v a="$r0" -v b="$r1" -v t0="$t0" -v t1="$t1" 'BEGIN {
+  # runnable waiting for one; the rest asleep; over the time between the
+  # two reads, not the window's, which the other reads lengthen)
+  awk -v a="$r0" -v b="$r1" -v t0="$e0" -v t1="$e1" 'BEGIN {
     split(a, x); split(b, y); w = (t1 - t0) * 1e9
     printf "worker main thread: on a core %.0f%%, runnable waiting for one %.0f%%, asleep %.0f%%; sampled:", 100 * (y[1] - x[1]) / w, 100 * (y[2] - x[2]) / w, 100 - 100 * (y[1] - x[1] + y[2] - x[2]) / w }' >"$1.sched"
   sort "$1.states" | uniq -c | sort -rn | awk 'BEGIN {

@@ -121,6 +121,8 @@ impl Drop for SessionLock {
 pub struct Loader {
     pub key: Key,
     pub generation: u64,
+    /// the change log lost changes while it was read (an overflow)
+    pub lost: bool,
     pub started: Instant,
     /// the index's lock, then its database's (dropped in this order)
     _locks: (SessionLock, SessionLock),
@@ -244,6 +246,7 @@ impl Loader {
             let l = Loader {
                 key: Key::of(req),
                 generation: 0,
+                lost: false,
                 started: Instant::now(),
                 _locks: locks,
                 file,

@@ -185,7 +185,7 @@ impl Residency {
                     }
                 }
                 if let Some(l) = self.loading.as_mut() {
-                    l.generation = 0;
+                    l.lost = true;
                 }
                 self.publish(shared);
                 return Ok(());
@@ -254,12 +254,17 @@ impl Residency {
         let mut l = self.loading.take().unwrap();
         let (key, file, started, mut changed) = (l.key, l.file, l.started, std::mem::take(&mut l.changed));
         let mut lsns = std::mem::take(&mut l.lsns);
-        let mut generation = l.generation;
+        let (mut generation, mut lost) = (l.generation, l.lost);
         let mut image = l.take();
         let mut meta = None;
-        // (generation 0: the log lost changes made while it was read)
-        let mut lost = generation == 0;
-        if !changed.is_empty() && !lost {
+        if lost {
+            // the log lost changes made while it was read: the pages whose
+            // LSN moved since, read again in place (as for a copy's overflow)
+            // SAFETY: the worker's main thread (the caller's contract).
+            if let Some((g, _)) = unsafe { image::resync(key, file, &mut image, &mut lsns, &mut meta) } {
+                (generation, lost) = (g, false);
+            }
+        } else if !changed.is_empty() {
             // pages written while it was read: read again, the generation
             // then the meta page's now
             // SAFETY: the worker's main thread (the caller's contract).

@@ -32,6 +32,9 @@ pub unsafe extern "C-unwind" fn ambulkdelete(
     callback: pg_sys::IndexBulkDeleteCallback,
     callback_state: *mut std::ffi::c_void,
 ) -> *mut pg_sys::IndexBulkDeleteResult {
+    // the repair's threads (every core) off the search worker's, which
+    // serves the scans meanwhile
+    crate::worker::keep_off_worker_core();
     crate::threads::init_rayon();
     // SAFETY: VACUUM calls ambulkdelete with `info` naming the open, locked
     // gpu_graph index and `stats` NULL or its earlier result; `callback` with

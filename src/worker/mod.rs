@@ -59,6 +59,15 @@ pub unsafe fn note_changes(
     unsafe { changes::note(rel, pages, lists, rows) }
 }
 
+/// Keeps this backend, and the threads it starts from now on, off the
+/// core the search worker keeps to itself (gpu_graph.worker_core): for
+/// work beside the searches that would take every core, VACUUM's repair.
+pub fn keep_off_worker_core() {
+    if let Some(s) = shmem::shared() {
+        own_core::keep_off(s.worker_core());
+    }
+}
+
 /// A scan the worker answered first goes on searching on the CPU.
 pub fn cpu_after_worker() {
     stats::add(&stats::counters().cpu_after_worker, 1);

@@ -194,7 +194,13 @@ if [ "$(nproc)" -ge 2 ]; then
   ! holds "$mine" "$core" || fail "a backend that asked the worker still runs on its core $core ($mine)"
   holds "$server" "$core" || fail "the worker's core $core is not one of the server's ($server)"
   [ "$(check)" = t ] || fail "a wrong answer with the worker on its own core"
-  echo "  on: the worker runs on core $core alone, a backend that asked it on $mine (the server's: $server); answers right"
+  # VACUUM's repair (on every core) keeps off it too
+  q -c "SET client_min_messages = error" -c "CREATE TABLE vac AS SELECT * FROM grid WHERE id < 400" \
+    -c "CREATE INDEX vac_idx ON vac USING gpu_graph (v)" -c "DELETE FROM vac WHERE id < 100" >/dev/null
+  vacuumed=$(q -c "VACUUM (INDEX_CLEANUP ON) vac" -c "SELECT substring(pg_read_file('/proc/self/status') FROM 'Cpus_allowed_list:\s*(\S+)')" | tail -n 1)
+  q -c "DROP TABLE vac"
+  ! holds "$vacuumed" "$core" || fail "a backend that ran VACUUM still runs on the worker's core $core ($vacuumed)"
+  echo "  on: the worker runs on core $core alone, a backend that asked it on $mine, one that ran VACUUM on $vacuumed (the server's: $server); answers right"
   q -c "ALTER SYSTEM SET gpu_graph.worker_core = off" -c "SELECT pg_reload_conf()" >/dev/null
   wait_for "gpu_graph_worker_stats() #>> '{worker,core}' IS NULL" || fail "worker_core = off: the worker still keeps a core"
   [ "$(allowed "$(stat worker,pid)")" = "$server" ] || fail "worker_core = off: the worker runs on $(allowed "$(stat worker,pid)"), not $server"

@@ -6,9 +6,10 @@
 //! clients and 5,000 inserts/s on the 16-core GPU machine (schedstat; 7-9%
 //! read-only), and every answer waited with it. So the worker keeps one
 //! core to its main thread (the last one it may run on), and every backend
-//! that asks it for a search keeps off that core from then on: the worker
-//! is then on its core whenever it has work. Only the worker's main thread
-//! and the asking backends change their affinity (each its own: no
+//! that asks it for a search, or vacuums a gpu_graph index (the repair's
+//! threads take every core they may), keeps off that core from then on:
+//! the worker is then on its core whenever it has work. Only the worker's
+//! main thread and those backends change their affinity (each its own: no
 //! privilege needed); the CUDA driver's threads, other backends and every
 //! other process run where they did.
 

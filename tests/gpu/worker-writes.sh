@@ -27,7 +27,9 @@
 #
 #   CLIENTS="64 16" MODES="0 200 1000 5000 max del" SECS=8 bash tests/gpu/worker-writes.sh [DIR]
 #
-# (SPIN=us: the searches' gpu_graph.worker_spin.)
+# (SPIN=us: the searches' gpu_graph.worker_spin. CLIENTS_OFF_WORKER=1:
+# pgbench runs off the core the worker keeps, as clients on other hosts
+# would: by default it shares the machine's cores with the server.)
 #
 # Fails (after every mode has run) when a mode's scans (but max's) were
 # served by the worker less than 95% of the time, recall through the
@@ -38,6 +40,21 @@ set -euo pipefail
 dir=${1:-/tmp/sift}
 out=${OUT:-/tmp/gpu-test}
 mkdir -p "$out"
+# pgbench, off the worker's core when CLIENTS_OFF_WORKER=1 and it keeps one
+pgb() {
+  local core cpus
+  core=$(psql -X -At -c "SELECT gpu_graph_worker_stats() #>> '{worker,core}'")
+  if [ "${CLIENTS_OFF_WORKER:-0}" = 1 ] && [ -n "$core" ] && command -v taskset >/dev/null; then
+    cpus=$(awk -v c="$core" '/^Cpus_allowed_list/ {
+      n = split($2, r, ","); s = ""
+      for (i = 1; i <= n; i++) { split(r[i], b, "-"); hi = (b[2] == "") ? b[1] : b[2]
+        for (x = b[1]; x <= hi; x++) if (x != c) s = s (s == "" ? "" : ",") x }
+      print s }' /proc/self/status)
+    taskset -c "$cpus" pgbench "$@"
+  else
+    pgbench "$@"
+  fi
+}
 fail() { echo "worker-writes: FAIL: $*" >&2; exit 1; }
 q() { psql -X -q -v ON_ERROR_STOP=1 -At "$@"; }
 stats() { q -c "SELECT gpu_graph_worker_stats() #>> '{$1}'"; }
@@ -184,14 +201,14 @@ for c in ${CLIENTS:-64}; do
     writers=(); vacuums=0
     case $mode in
       0) ;;
-      max) PGAPPNAME=gg_write pgbench -n -M prepared -c "$iclients" -j "$iclients" -T "$secs" -f $w/insert.sql postgres >"$w/writes_$name.log" 2>&1 &
+      max) PGAPPNAME=gg_write pgb -n -M prepared -c "$iclients" -j "$iclients" -T "$secs" -f $w/insert.sql postgres >"$w/writes_$name.log" 2>&1 &
         writers+=($!) ;;
-      del) PGAPPNAME=gg_write pgbench -n -M prepared -c "$iclients" -j "$iclients" -R 2000 -T "$secs" -f $w/insert.sql@1 -f $w/delete.sql@1 postgres \
+      del) PGAPPNAME=gg_write pgb -n -M prepared -c "$iclients" -j "$iclients" -R 2000 -T "$secs" -f $w/insert.sql@1 -f $w/delete.sql@1 postgres \
         >"$w/writes_$name.log" 2>&1 &
         writers+=($!)
         (end=$((SECONDS + secs)); n=0; while [ $SECONDS -lt $end ]; do q -c "VACUUM (INDEX_CLEANUP ON) items"; n=$((n + 1)); done; echo $n >$w/vacuums) &
         writers+=($!) ;;
-      *) PGAPPNAME=gg_write pgbench -n -M prepared -c "$iclients" -j "$iclients" -R "$mode" -T "$secs" -f $w/insert.sql postgres >"$w/writes_$name.log" 2>&1 &
+      *) PGAPPNAME=gg_write pgb -n -M prepared -c "$iclients" -j "$iclients" -R "$mode" -T "$secs" -f $w/insert.sql postgres >"$w/writes_$name.log" 2>&1 &
         writers+=($!) ;;
     esac
     # recall of worker and CPU scans while the table is written
@@ -200,7 +217,7 @@ for c in ${CLIENTS:-64}; do
     writers+=($!)
     split_cpu $w/split_$name &
     writers+=($!)
-    PGAPPNAME=gg_search PGOPTIONS="-c gpu_graph.search_device=gpu -c gpu_graph.ef_search=20 ${SPIN:+-c gpu_graph.worker_spin=$SPIN}" pgbench -n -M prepared -c "$c" -j 16 \
+    PGAPPNAME=gg_search PGOPTIONS="-c gpu_graph.search_device=gpu -c gpu_graph.ef_search=20 ${SPIN:+-c gpu_graph.worker_spin=$SPIN}" pgb -n -M prepared -c "$c" -j 16 \
       -T "$secs" -f $w/knn.sql --log --log-prefix="$w/pgb_$name/log" postgres >"$w/search_$name.log" 2>&1 ||
       { cat "$w/search_$name.log"; fail "pgbench $name"; }
     for p in "${writers[@]}"; do wait "$p" || { cat "$w/writes_$name.log"; fail "writes $name"; }; done

@@ -42,8 +42,8 @@ out=${OUT:-/tmp/gpu-test}
 mkdir -p "$out"
 # pgbench, off the worker's core when CLIENTS_OFF_WORKER=1 and it keeps one
 pgb() {
-  local core cpus
-  core=$(psql -X -At -c "SELECT gpu_graph_worker_stats() #>> '{worker,core}'")
+  local core="" cpus
+  [ "${CLIENTS_OFF_WORKER:-0}" = 1 ] && core=$(psql -X -At -c "SELECT gpu_graph_worker_stats() #>> '{worker,core}'")
   if [ "${CLIENTS_OFF_WORKER:-0}" = 1 ] && [ -n "$core" ] && command -v taskset >/dev/null; then
     cpus=$(awk -v c="$core" '/^Cpus_allowed_list/ {
       n = split($2, r, ","); s = ""

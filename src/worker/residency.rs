@@ -39,7 +39,8 @@ pub struct Resident {
 }
 
 impl Resident {
-    /// A change did not make it into the copy: see `lost`.
+    /// A change did not make it into the copy: see `lost` (its generation
+    /// 0 only for gpu_graph_info, which shows the copy out of date).
     fn lose(&mut self) {
         self.lost = true;
         self.generation = 0;
@@ -80,10 +81,10 @@ impl Residency {
             // a copy newer than the backend's view is as good: every node is
             // checked against the pages, and rows the backend cannot see are
             // filtered by the executor's visibility check. So is one that
-            // follows the log (generation 0: it does not) and has every
-            // change committed before the request: an insert in progress
-            // may have moved the generation on already
-            Some(r) if !r.lost && (r.generation >= generation || (r.generation != 0 && followed)) => {
+            // follows the log and has every change committed before the
+            // request: an insert in progress may have moved the generation
+            // on already. A lost copy does neither.
+            Some(r) if !r.lost && (r.generation >= generation || followed) => {
                 r.used = self.clock;
                 Lookup::Ready(r)
             }

@@ -175,10 +175,8 @@ echo "  worker_spin = 1000 (polling the slot before sleeping): served by the wor
 echo "1b. gpu_graph.worker_core"
 # the cores a process may run on (a list as 0-3,5)
 allowed() { awk '/^Cpus_allowed_list/ {print $2}' "/proc/$1/status"; }
-# a backend's own, after a scan through the worker (or without one)
-backend_allowed() {
-  q -c "$GPU" -c "${1:-SELECT knn('$QV', 5)}" -c "SELECT substring(pg_read_file('/proc/self/status') FROM 'Cpus_allowed_list:\s*(\S+)')" | tail -n 1
-}
+# the cores of the backend that runs it
+MY_CPUS="SELECT substring(pg_read_file('/proc/self/status') FROM 'Cpus_allowed_list:\s*(\S+)')"
 # whether core $2 is in list $1
 holds() { python3 -c 'import sys; c = int(sys.argv[2]); sys.exit(0 if any(int(r.split("-")[0]) <= c <= int(r.split("-")[-1]) for r in sys.argv[1].split(",") if r) else 1)' "$1" "$2"; }
 # the postmaster's (the worker's parent), which every server process starts with
@@ -189,7 +187,7 @@ if [ "$(nproc)" -ge 2 ]; then
   core=$(stat worker,core)
   [ "$(allowed "$(stat worker,pid)")" = "$core" ] || fail "the worker keeps core $core but may run on $(allowed "$(stat worker,pid)")"
   before=$(stat scans,worker)
-  mine=$(backend_allowed)
+  mine=$(q -c "$GPU" -c "SELECT knn('$QV', 5)" -c "$MY_CPUS" | tail -n 1)
   [ "$(stat scans,worker)" -gt "$before" ] || fail "worker_core = on: the scan was not served by the worker"
   ! holds "$mine" "$core" || fail "a backend that asked the worker still runs on its core $core ($mine)"
   holds "$server" "$core" || fail "the worker's core $core is not one of the server's ($server)"
@@ -197,7 +195,7 @@ if [ "$(nproc)" -ge 2 ]; then
   # VACUUM's repair (on every core) keeps off it too
   q -c "SET client_min_messages = error" -c "CREATE TABLE vac AS SELECT * FROM grid WHERE id < 400" \
     -c "CREATE INDEX vac_idx ON vac USING gpu_graph (v)" -c "DELETE FROM vac WHERE id < 100" >/dev/null
-  vacuumed=$(q -c "VACUUM (INDEX_CLEANUP ON) vac" -c "SELECT substring(pg_read_file('/proc/self/status') FROM 'Cpus_allowed_list:\s*(\S+)')" | tail -n 1)
+  vacuumed=$(q -c "VACUUM (INDEX_CLEANUP ON) vac" -c "$MY_CPUS" | tail -n 1)
   q -c "DROP TABLE vac"
   ! holds "$vacuumed" "$core" || fail "a backend that ran VACUUM still runs on the worker's core $core ($vacuumed)"
   echo "  on: the worker runs on core $core alone, a backend that asked it on $mine, one that ran VACUUM on $vacuumed (the server's: $server); answers right"

@@ -32,7 +32,7 @@ use super::gpu::{GpuBatch, GpuPending};
 use super::image::Key;
 use super::outcome::Outcome;
 use super::own_core;
-use super::residency::{Lookup, Residency};
+use super::residency::{CopyId, Lookup, Residency};
 use super::ring::{Request, State, MAX_HITS};
 use super::shmem::{shared, Shared};
 use super::stats::{add, Counters};
@@ -212,6 +212,8 @@ struct InFlight {
     due: Option<Instant>,
     /// queries of a batch (0: a scan's one query)
     batch: u32,
+    /// the copy a scan's query is searched on
+    copy: Option<CopyId>,
     work: Work,
 }
 
@@ -396,15 +398,19 @@ impl Worker {
             self.device.inject_fault();
         }
         let query = &req.query[..(req.dim as usize).min(req.query.len())];
+        let mut copy = None;
         let work = match self.residency.lookup(Key::of(req), req.generation, req.need) {
             Lookup::Ready(r) if req.batch_n > 0 => {
                 batch_work(&self.device, &r.handle, req, &shared.counters, &mut self.segment)?
             }
-            Lookup::Ready(r) => match self.device.start(&r.handle, query, req.k as usize, req.ef as usize) {
-                Ok(Start::Done(hits)) => Work::Done(Ok(hits)),
-                Ok(Start::Pending(p)) => Work::Gpu(p),
-                Err(o) => Work::Done(Err(failed(&self.device, o)?)),
-            },
+            Lookup::Ready(r) => {
+                copy = Some(r.id());
+                match self.device.start(&r.handle, query, req.k as usize, req.ef as usize) {
+                    Ok(Start::Done(hits)) => Work::Done(Ok(hits)),
+                    Ok(Start::Pending(p)) => Work::Gpu(p),
+                    Err(o) => Work::Done(Err(failed(&self.device, o)?)),
+                }
+            }
             Lookup::Unfit => Work::Done(Err(Outcome::Unfit)),
             Lookup::Stale => {
                 // SAFETY: the worker's main thread, as in `serve`.
@@ -413,7 +419,7 @@ impl Worker {
             }
         };
         let due = (req.delay_ms > 0).then(|| now + Duration::from_millis(req.delay_ms as u64));
-        self.inflight.push(InFlight { slot: i, seq, taken_at, due, batch: req.batch_n, work });
+        self.inflight.push(InFlight { slot: i, seq, taken_at, due, batch: req.batch_n, copy, work });
         Ok(())
     }
 
@@ -483,6 +489,7 @@ impl Worker {
         let c = &self.shared.counters;
         // SAFETY: reads the clock; any process may.
         let now = unsafe { pg_sys::GetCurrentTimestamp() };
+        reply.with_rows = false;
         match f.work {
             Work::Done(Ok(_)) if f.batch > 0 => {
                 add(&c.batch_us, (now - f.taken_at).max(0) as u64);
@@ -493,9 +500,18 @@ impl Worker {
                 add(&c.searched, 1);
                 c.latency.search.record(now - f.taken_at);
                 let n = hits.len().min(MAX_HITS);
-                for (j, &(_, node)) in hits[..n].iter().enumerate() {
+                // each node's row and distance from the copy, when its
+                // distances are the pages' and it still follows the log
+                let rows = f.copy.and_then(|id| self.residency.rows(id));
+                let mut with_rows = rows.is_some();
+                for (j, &(dist, node)) in hits[..n].iter().enumerate() {
                     reply.nodes[j] = node;
+                    match rows.map(|r| r.get(node)) {
+                        Some(Some(row)) => (reply.dists[j], reply.rows[j]) = (dist, row),
+                        _ => with_rows = false,
+                    }
                 }
+                reply.with_rows = with_rows;
                 reply.n = n as u32;
                 reply.outcome = Outcome::Answered;
             }

@@ -1,14 +1,16 @@
 //! The backend's side: a scan asks the worker for its first round through a
 //! query slot, sleeps on its latch until the answer or gpu_graph.gpu_timeout,
-//! and checks every node of the answer against the index's pages.
+//! and hands out the answer's rows.
 //!
-//! The check: each node is re-read under its buffer lock before the scan
-//! hands it out, its TID from the pages with the exact distance of the
-//! vector stored there (the CPU search's metric functions), free and deleted
-//! nodes dropped. So an answer never pairs one row's TID with another row's
-//! distance (a node slot that VACUUM freed and an insert reused), and a row
-//! VACUUM marked deleted after the copy (marking does not bump the
-//! generation) is never returned.
+//! An answer carries each node's row (heap TID) and search distance as the
+//! worker's copy holds them (worker::rows says why they are as good as the
+//! pages': any row the copy pairs wrongly is one the scan's snapshot cannot
+//! see), so the scan reads no index page. Where the copy's distances are
+//! not the pages' (fp16 roundings of a storage = 'f32' index on the GPU),
+//! each node is re-read under its buffer lock instead, its TID from the
+//! pages with the exact distance of the vector stored there (the CPU
+//! search's metric functions), free and deleted nodes dropped; batches are
+//! checked so too.
 //!
 //! The worker answers only from a copy at least as new as the meta page the
 //! scan read (its generation). Its copies follow the index's writes through
@@ -68,17 +70,42 @@ pub unsafe fn first_round(
     // SAFETY: `index` is open (the caller's contract).
     let answer = unsafe { ask(index, meta, query, ef) };
     record(answer.as_ref().err().copied().unwrap_or(Outcome::Answered));
-    answer.ok().map(|nodes| {
+    answer.ok().map(|Replied { nodes, rows }| {
         let t = Instant::now();
-        // the nearest SCAN_VERIFY_FIRST by the worker's distances now, the
-        // rest if the scan wants more rows (verify_nodes)
-        let first = nodes.len().min(SCAN_VERIFY_FIRST);
-        let mut answer = verify(store, meta, &[query], |_| &nodes[..first]).pop().expect("one answer a query");
+        let answer = match rows {
+            // nodes allocated after the scan read the meta page hold rows
+            // its snapshot cannot see (as in `verify`)
+            Some(rows) => Answer {
+                hits: nodes
+                    .iter()
+                    .zip(rows)
+                    .filter(|(&node, _)| node < meta.node_count)
+                    .map(|(&node, (dist, payload))| Hit { dist, node, payload })
+                    .collect(),
+                handed: nodes,
+                rest: Vec::new(),
+            },
+            None => {
+                // the nearest SCAN_VERIFY_FIRST by the worker's distances
+                // now, the rest if the scan wants more rows (verify_nodes)
+                add(&counters().scans_reread, 1);
+                let first = nodes.len().min(SCAN_VERIFY_FIRST);
+                let mut answer = verify(store, meta, &[query], |_| &nodes[..first]).pop().expect("one answer a query");
+                answer.rest = nodes[first..].to_vec();
+                answer.handed = nodes;
+                answer
+            }
+        };
         counters().latency.verify.record(t.elapsed().as_micros() as i64);
-        answer.rest = nodes[first..].to_vec();
-        answer.handed = nodes;
         answer
     })
+}
+
+/// A scan's answer from the worker: its nodes, nearest first, and when the
+/// copy gave them each node's (search distance, row) (worker::rows).
+struct Replied {
+    nodes: Vec<u32>,
+    rows: Option<Vec<(f32, u64)>>,
 }
 
 /// Nodes of a scan's first round read again from the pages before its
@@ -194,11 +221,11 @@ unsafe extern "C-unwind" fn let_go_at_exit(_code: i32, _arg: pg_sys::Datum) {
     }
 }
 
-/// Submits the query and waits; the answer's node ids.
+/// Submits the query and waits; the answer.
 ///
 /// # Safety
 /// `index` must be an open index relation.
-unsafe fn ask(index: pg_sys::Relation, meta: &Meta, query: &[f32], ef: usize) -> Result<Vec<u32>, Outcome> {
+unsafe fn ask(index: pg_sys::Relation, meta: &Meta, query: &[f32], ef: usize) -> Result<Replied, Outcome> {
     let timeout = Duration::from_millis(GPU_TIMEOUT.get() as u64);
     let fill = |r: &mut Request| r.query[..query.len()].copy_from_slice(query);
     // SAFETY: the caller's contract.
@@ -209,7 +236,9 @@ unsafe fn ask(index: pg_sys::Relation, meta: &Meta, query: &[f32], ef: usize) ->
             let c = counters();
             c.latency.roundtrip.record(now - submitted_at);
             c.latency.wake.record(now - reply.answered_at);
-            reply.nodes[..reply.n as usize].to_vec()
+            let n = reply.n as usize;
+            let rows = reply.with_rows.then(|| reply.dists[..n].iter().copied().zip(reply.rows[..n].iter().copied()));
+            Replied { nodes: reply.nodes[..n].to_vec(), rows: rows.map(Iterator::collect) }
         })
     }
 }

@@ -82,6 +82,16 @@ impl Device {
         }
     }
 
+    /// Whether the copy holds its vectors rounded (fp16 rows on the GPU):
+    /// its search distances are then not exactly those of the index's
+    /// vectors unless the pages hold fp16 too.
+    pub fn rounds(&self, h: &Handle) -> bool {
+        match (self, h) {
+            (Device::Gpu(g), Handle::Gpu(r)) => g.half(r),
+            _ => false,
+        }
+    }
+
     pub fn remove(&self, h: Handle) {
         if let (Device::Gpu(g), Handle::Gpu(r)) = (self, h) {
             g.unload(r);

@@ -133,6 +133,12 @@ impl GpuSearch {
         self.server.resident_info(r.id).map(|i| (i.stored_dim, i.degree, i.n))
     }
 
+    /// Whether a resident copy holds fp16 rows (rounded: see HalfRows);
+    /// true when it is unknown.
+    pub fn half(&self, r: &GpuResident) -> bool {
+        self.server.resident_info(r.id).is_none_or(|i| i.half)
+    }
+
     /// Device bytes of a resident copy (it grows when inserts fill its room).
     pub fn bytes(&self, r: &GpuResident) -> Option<usize> {
         self.server.resident_info(r.id).map(|i| i.bytes)

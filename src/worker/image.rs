@@ -26,6 +26,7 @@ use pgrx::pg_sys;
 
 use super::changes::{Change, List, PageChange, Row, LIST_IN_LOG};
 use super::ring::Request;
+use super::rows::Rows;
 use super::stats::{add, counters};
 use crate::storage::codec::{meta_from, PageRef, Tuple};
 use crate::storage::layout::{Element, Layout};
@@ -134,6 +135,8 @@ pub struct Loader {
     next: u32,
     last: u32,
     image: Option<FlatIndex>,
+    /// each node's row, as read with its vector
+    rows: Rows,
     /// inner product's pinned outliers, which every search starts from
     pinned: Vec<u32>,
     /// pages changed while the copy was read (the change log): read again
@@ -226,6 +229,7 @@ impl Loader {
             return Begin::TooLarge { generation: m.generation, bytes };
         };
         l.image = Some(image);
+        l.rows.grow(n);
         Begin::Started(Box::new(l))
     }
 
@@ -256,6 +260,7 @@ impl Loader {
                 next: 1,
                 last: 0,
                 image: None,
+                rows: Rows::default(),
                 pinned: Vec::new(),
                 changed: Changed::default(),
                 lsns: Vec::new(),
@@ -272,6 +277,11 @@ impl Loader {
 
     pub fn bytes(&self) -> usize {
         self.image.as_ref().map_or(0, FlatIndex::bytes)
+    }
+
+    /// How the index's pages hold its vectors.
+    pub fn element(&self) -> Element {
+        self.layout.element
     }
 
     /// Calls `f` on block `block` of the index, under a share lock.
@@ -295,9 +305,14 @@ impl Loader {
         let end = self.last.min(self.next.saturating_add(budget - 1));
         while n > 0 && self.next <= end {
             let b = self.next;
-            // SAFETY: the caller's contract; blocks up to `last` exist (begin).
-            let lsn =
-                unsafe { self.read_block(b, |p, lsn| (copy_block(&mut image, &l, PageChange::whole(b), p), lsn).1) };
+            let rows = &mut self.rows;
+            // SAFETY: the caller's contract; blocks up to `last` exist
+            // (begin), and the loader's session locks keep the file.
+            let lsn = unsafe {
+                read_block(self.rnode, self.file.permanent, self.strategy, b, |p, lsn| {
+                    (copy_block(&mut image, rows, &l, PageChange::whole(b), p), lsn).1
+                })
+            };
             note_lsn(&mut self.lsns, b, lsn);
             self.next += 1;
         }
@@ -306,11 +321,11 @@ impl Loader {
     }
 
     /// The finished copy (the lock is released when the loader drops),
-    /// the pinned outliers in its entry's list.
-    pub fn take(mut self) -> FlatIndex {
+    /// the pinned outliers in its entry's list, and its nodes' rows.
+    pub fn take(mut self) -> (FlatIndex, Rows) {
         let mut image = self.image.take().expect("a started load has an image");
         image.pin(&self.pinned);
-        image
+        (image, std::mem::take(&mut self.rows))
     }
 }
 
@@ -497,9 +512,10 @@ impl Changed {
 }
 
 /// Copies page `p` (block `c.block`) of an index in layout `l` into
-/// `target`: a graph page's lists, or a vector page's flags and vectors, of
-/// the nodes in `c.lo..c.hi` that the target has. The rows copied.
-fn copy_block(target: &mut dyn Target, l: &Layout, c: PageChange, p: PageRef) -> usize {
+/// `target` and `rows`: a graph page's lists, or a vector page's flags,
+/// vectors and rows, of the nodes in `c.lo..c.hi` that the target has.
+/// The rows copied.
+fn copy_block(target: &mut dyn Target, rows: &mut Rows, l: &Layout, c: PageChange, p: PageRef) -> usize {
     let n = target.len();
     let chunk = (c.block as usize - 1) / l.pages_per_chunk;
     let page = (c.block as usize - 1) % l.pages_per_chunk;
@@ -516,17 +532,18 @@ fn copy_block(target: &mut dyn Target, l: &Layout, c: PageChange, p: PageRef) ->
         let lo = first + (page - 1) * l.per_vector_page;
         let nodes = only(lo, (lo + l.per_vector_page).min(chunk_end));
         for node in nodes.clone() {
-            copy_row(target, node, p.tuple(l, node as u32));
+            copy_row(target, rows, node, p.tuple(l, node as u32));
         }
         nodes.len()
     }
 }
 
 /// Copies node `node`'s vector tuple `t` (read from its page, or a row the
-/// change log carried) into `target`: its flags and vector.
-fn copy_row(target: &mut dyn Target, node: usize, t: Tuple) {
+/// change log carried) into `target` and `rows`: its flags, vector and row.
+fn copy_row(target: &mut dyn Target, rows: &mut Rows, node: usize, t: Tuple) {
     // the page's flags are the engine's node flags, widened
     t.vector.copy_to(target.row(node, t.header.flags as u8));
+    rows.set(node, t.header.payload());
 }
 
 /// The pinned outliers go into the entry point `e`'s `list` (its last
@@ -561,6 +578,7 @@ pub unsafe fn patch(
     key: Key,
     file: File,
     target: &mut dyn Target,
+    rows: &mut Rows,
     changes: &mut Changed,
     lsns: &mut Vec<u64>,
     last: &mut Option<Meta>,
@@ -572,9 +590,9 @@ pub unsafe fn patch(
     let carried = changes.meta.as_ref().and_then(|r| meta_from(r.bytes()));
     let known = if changes.meta.is_none() && changes.pages.is_empty() { *last } else { None };
     if let Some(m) = carried.or(known) {
-        let l = begin(&m, target, changes)?;
+        let l = begin(&m, target, rows, changes)?;
         if changes.pages.is_empty() {
-            from_log(&l, target, changes);
+            from_log(&l, target, rows, changes);
             add(&counters().patches_from_log, 1);
             *last = Some(m);
             return Some(end(&m, target));
@@ -584,7 +602,9 @@ pub unsafe fn patch(
     }
     // SAFETY: the caller's contract.
     unsafe {
-        with_file(key, file, |rnode, nblocks| patch_blocks(rnode, file.permanent, nblocks, target, changes, lsns, last))
+        with_file(key, file, |rnode, nblocks| {
+            patch_blocks(rnode, file.permanent, nblocks, target, rows, changes, lsns, last)
+        })
     }
 }
 
@@ -592,7 +612,7 @@ pub unsafe fn patch(
 /// can follow, which then grows to its node count; lists and rows the log
 /// cannot give for its layout move to `changes.pages`. Its layout, or None
 /// when the copy cannot follow.
-fn begin(m: &Meta, target: &mut dyn Target, changes: &mut Changed) -> Option<Layout> {
+fn begin(m: &Meta, target: &mut dyn Target, rows: &mut Rows, changes: &mut Changed) -> Option<Layout> {
     let l = m.layout();
     if m.magic != MAGIC
         || m.version != FORMAT_VERSION
@@ -604,6 +624,7 @@ fn begin(m: &Meta, target: &mut dyn Target, changes: &mut Changed) -> Option<Lay
         return None;
     }
     target.grow(m.node_count as usize, m.entry());
+    rows.grow(m.node_count as usize);
     if l.degree > LIST_IN_LOG {
         // (never carried for such an index: read their pages)
         changes.pages.extend(changes.lists.drain(..).map(|(c, _)| c));
@@ -623,7 +644,7 @@ fn begin(m: &Meta, target: &mut dyn Target, changes: &mut Changed) -> Option<Lay
 
 /// Copies the lists and rows the log carried, each node's last, none of a
 /// node whose page is read (`changes.pages`, merged here).
-fn from_log(l: &Layout, target: &mut dyn Target, changes: &mut Changed) {
+fn from_log(l: &Layout, target: &mut dyn Target, rows: &mut Rows, changes: &mut Changed) {
     PageChange::merged(&mut changes.pages);
     latest(&mut changes.lists, &changes.pages);
     latest(&mut changes.rows, &changes.pages);
@@ -634,7 +655,7 @@ fn from_log(l: &Layout, target: &mut dyn Target, changes: &mut Changed) {
     // rows as their pages held them, decoded as a page's are
     let mut logged = 0;
     for (c, row) in changes.rows.iter().filter(|(c, _)| (c.lo as usize) < n) {
-        copy_row(target, c.lo as usize, Tuple::decode(row.bytes(), l.element));
+        copy_row(target, rows, c.lo as usize, Tuple::decode(row.bytes(), l.element));
         logged += 1;
     }
     add(&counters().patched_rows_from_log, logged);
@@ -677,11 +698,13 @@ unsafe fn with_file<T>(key: Key, file: File, f: impl FnOnce(pg_sys::RelFileNode,
 ///
 /// # Safety
 /// As for [`patch`], the file locked and `nblocks` long.
+#[allow(clippy::too_many_arguments)] // (the file, the copy and what it last read)
 unsafe fn patch_blocks(
     rnode: pg_sys::RelFileNode,
     permanent: bool,
     nblocks: u32,
     target: &mut dyn Target,
+    rows: &mut Rows,
     changes: &mut Changed,
     lsns: &mut Vec<u64>,
     last: &mut Option<Meta>,
@@ -689,13 +712,14 @@ unsafe fn patch_blocks(
     let strategy = std::ptr::null_mut();
     // SAFETY: the caller's contract; block 0 exists (nblocks > 0).
     let m: Meta = unsafe { read_block(rnode, permanent, strategy, 0, |p, _| p.meta()) };
-    let l = begin(&m, target, changes)?;
-    from_log(&l, target, changes);
+    let l = begin(&m, target, rows, changes)?;
+    from_log(&l, target, rows, changes);
     let mut read = 0;
     for &c in changes.pages.iter().filter(|c| c.block > 0 && c.block < nblocks) {
         // SAFETY: the caller's contract; the block exists.
-        let (rows, lsn) =
-            unsafe { read_block(rnode, permanent, strategy, c.block, |p, lsn| (copy_block(target, &l, c, p), lsn)) };
+        let (rows, lsn) = unsafe {
+            read_block(rnode, permanent, strategy, c.block, |p, lsn| (copy_block(target, rows, &l, c, p), lsn))
+        };
         read += rows;
         if c.lo == 0 && c.hi == u32::MAX {
             // (a page read in part leaves the rest as the copy had it)
@@ -746,6 +770,7 @@ pub unsafe fn resync(
     key: Key,
     file: File,
     target: &mut dyn Target,
+    rows: &mut Rows,
     lsns: &mut Vec<u64>,
     last: &mut Option<Meta>,
 ) -> Option<(u64, usize)> {
@@ -766,7 +791,7 @@ pub unsafe fn resync(
             }
             pg_sys::FreeAccessStrategy(strategy);
             let read = changed.pages.len();
-            patch_blocks(rnode, true, nblocks, target, &mut changed, lsns, last).map(|g| (g, read))
+            patch_blocks(rnode, true, nblocks, target, rows, &mut changed, lsns, last).map(|g| (g, read))
         })
     }
 }

@@ -33,6 +33,7 @@ mod outcome;
 mod own_core;
 mod residency;
 mod ring;
+mod rows;
 mod shmem;
 mod stats;
 

@@ -11,8 +11,10 @@ use super::device::{Device, Handle};
 use super::image::{self, patch, Begin, Changed, File, GpuPatch, Key, Loader};
 use super::outcome::Outcome;
 use super::ring::Request;
+use super::rows::Rows;
 use super::shmem::Shared;
 use super::stats::{add, ResidentEntry};
+use crate::storage::layout::Element;
 use crate::storage::meta::Meta;
 
 /// Pages read per step of a load (about 2 MB, well under a millisecond):
@@ -36,6 +38,14 @@ pub struct Resident {
     /// lost changes that could not be read again): it answers no request
     /// and follows the log no more until a new copy replaces it
     lost: bool,
+    /// each node's row, followed with the copy (worker::rows)
+    rows: Rows,
+    /// whether the copy's search distances are those of the pages' own
+    /// vectors (not fp16 roundings of a storage = 'f32' index's): its
+    /// answers then carry rows and distances
+    exact: bool,
+    /// which copy of the index this is (a new copy's nodes may be other rows)
+    pub serial: u64,
 }
 
 impl Resident {
@@ -45,6 +55,20 @@ impl Resident {
         self.lost = true;
         self.generation = 0;
         self.meta = None;
+    }
+}
+
+/// The copy an answer came from: its rows are given with the answer only
+/// if the same copy is still there, following the log, at answer time.
+#[derive(Clone, Copy)]
+pub struct CopyId {
+    key: Key,
+    serial: u64,
+}
+
+impl Resident {
+    pub fn id(&self) -> CopyId {
+        CopyId { key: self.key, serial: self.serial }
     }
 }
 
@@ -78,9 +102,9 @@ impl Residency {
         }
         let followed = self.applied.is_some_and(|a| a >= need);
         match self.residents.iter_mut().find(|r| r.key == key) {
-            // a copy newer than the backend's view is as good: every node is
-            // checked against the pages, and rows the backend cannot see are
-            // filtered by the executor's visibility check. So is one that
+            // a copy newer than the backend's view is as good: rows the
+            // backend cannot see are filtered by the executor's visibility
+            // check (worker::rows). So is one that
             // follows the log and has every change committed before the
             // request: an insert in progress may have moved the generation
             // on already. A lost copy does neither.
@@ -90,6 +114,13 @@ impl Residency {
             }
             _ => Lookup::Stale,
         }
+    }
+
+    /// The rows of copy `id` for an answer from it: None when the copy is
+    /// gone or replaced, lost, or its distances are not the pages' (the
+    /// backend then reads the answer's nodes from the pages).
+    pub fn rows(&self, id: CopyId) -> Option<&Rows> {
+        self.residents.iter().find(|r| r.key == id.key && r.serial == id.serial && !r.lost && r.exact).map(|r| &r.rows)
     }
 
     /// Starts copying the index `req` names, unless a copy is under way.
@@ -255,21 +286,21 @@ impl Residency {
         let mut l = self.loading.take().unwrap();
         let (key, file, started, mut changed) = (l.key, l.file, l.started, std::mem::take(&mut l.changed));
         let mut lsns = std::mem::take(&mut l.lsns);
-        let (mut generation, mut lost) = (l.generation, l.lost);
-        let mut image = l.take();
+        let (mut generation, mut lost, element) = (l.generation, l.lost, l.element());
+        let (mut image, mut rows) = l.take();
         let mut meta = None;
         if lost {
             // the log lost changes made while it was read: the pages whose
             // LSN moved since, read again in place (as for a copy's overflow)
             // SAFETY: the worker's main thread (the caller's contract).
-            if let Some((g, _)) = unsafe { image::resync(key, file, &mut image, &mut lsns, &mut meta) } {
+            if let Some((g, _)) = unsafe { image::resync(key, file, &mut image, &mut rows, &mut lsns, &mut meta) } {
                 (generation, lost) = (g, false);
             }
         } else if !changed.is_empty() {
             // pages written while it was read: read again, the generation
             // then the meta page's now
             // SAFETY: the worker's main thread (the caller's contract).
-            match unsafe { patch(key, file, &mut image, &mut changed, &mut lsns, &mut meta) } {
+            match unsafe { patch(key, file, &mut image, &mut rows, &mut changed, &mut lsns, &mut meta) } {
                 Some(g) => generation = g,
                 None => lost = true,
             }
@@ -280,6 +311,7 @@ impl Residency {
                 // the device may hold it smaller (fp16) or larger than planned
                 self.make_room(bytes, limit, device, shared);
                 self.clock += 1;
+                let exact = element == Element::F16 || !device.rounds(&handle);
                 // SAFETY: reads the clock; any process may.
                 let loaded_at = unsafe { pg_sys::GetCurrentTimestamp() };
                 self.residents.push(Resident {
@@ -294,6 +326,9 @@ impl Residency {
                     lsns,
                     meta,
                     lost,
+                    rows,
+                    exact,
+                    serial: self.clock,
                 });
                 self.unfit.retain(|&(k, _)| k != key);
                 add(&shared.counters.loads, 1);
@@ -384,7 +419,7 @@ unsafe fn resync(r: &mut Resident, device: &Device, shared: &Shared) -> Result<O
     let out = match (&mut r.handle, device) {
         (Handle::Cpu(image), _) => {
             // SAFETY: the caller's contract.
-            let g = unsafe { image::resync(r.key, r.file, image, &mut r.lsns, &mut r.meta) };
+            let g = unsafe { image::resync(r.key, r.file, image, &mut r.rows, &mut r.lsns, &mut r.meta) };
             r.nodes = image.len() as u32;
             r.bytes = image.bytes();
             g
@@ -393,7 +428,7 @@ unsafe fn resync(r: &mut Resident, device: &Device, shared: &Shared) -> Result<O
             let Some((stored_dim, degree, n)) = gpu.dims(g) else { return Ok(None) };
             let mut t = GpuPatch { stored_dim, degree, patch: Patch { n, ..Patch::default() } };
             // SAFETY: the caller's contract.
-            match unsafe { image::resync(r.key, r.file, &mut t, &mut r.lsns, &mut r.meta) } {
+            match unsafe { image::resync(r.key, r.file, &mut t, &mut r.rows, &mut r.lsns, &mut r.meta) } {
                 None => None,
                 Some(read) => match gpu.patch(g, &t.patch) {
                     Ok(true) => {
@@ -440,7 +475,7 @@ unsafe fn follow(
         (Handle::Cpu(image), _) => {
             let read = std::time::Instant::now();
             // SAFETY: the caller's contract.
-            let g = unsafe { patch(r.key, r.file, image, blocks, &mut r.lsns, &mut r.meta) };
+            let g = unsafe { patch(r.key, r.file, image, &mut r.rows, blocks, &mut r.lsns, &mut r.meta) };
             add(&shared.counters.patch_read_us, read.elapsed().as_micros() as u64);
             r.nodes = image.len() as u32;
             r.bytes = image.bytes();
@@ -451,7 +486,7 @@ unsafe fn follow(
             let mut t = GpuPatch { stored_dim, degree, patch: Patch { n, ..Patch::default() } };
             let read = std::time::Instant::now();
             // SAFETY: the caller's contract.
-            let generation = unsafe { patch(r.key, r.file, &mut t, blocks, &mut r.lsns, &mut r.meta) };
+            let generation = unsafe { patch(r.key, r.file, &mut t, &mut r.rows, blocks, &mut r.lsns, &mut r.meta) };
             add(&shared.counters.patch_read_us, read.elapsed().as_micros() as u64);
             let Some(generation) = generation else { return Ok(None) };
             match gpu.patch(g, &t.patch) {

@@ -114,9 +114,15 @@ pub struct Request {
 pub struct Reply {
     pub outcome: Outcome,
     pub n: u32,
-    /// node ids, nearest first (the backend takes each node's distance
-    /// from the pages, so the worker's are not sent)
+    /// node ids, nearest first
     pub nodes: [u32; MAX_HITS],
+    /// whether `dists` and `rows` hold each node's search distance and row
+    /// (its heap TID) as the copy had them: a copy whose vectors are the
+    /// pages' own (not rounded to fp16); else the backend reads them from
+    /// the pages
+    pub with_rows: bool,
+    pub dists: [f32; MAX_HITS],
+    pub rows: [u64; MAX_HITS],
     /// when the worker answered (GetCurrentTimestamp)
     pub answered_at: i64,
 }

@@ -28,6 +28,9 @@ pub struct Counters {
     /// worker-served scans that went on to search on the CPU (the executor
     /// wanted more rows than the answer had)
     pub cpu_after_worker: AtomicU64,
+    /// worker-served scans whose answer was read again from the pages (a
+    /// copy whose distances are not the pages': worker::client)
+    pub scans_reread: AtomicU64,
     /// inserts whose neighbour search the worker answered, and those that
     /// searched on the CPU (not asking it, or no answer)
     pub inserts_worker: AtomicU64,
@@ -99,6 +102,7 @@ impl Counters {
             outcomes: [const { AtomicU64::new(0) }; Outcome::ALL.len()],
             scans_cpu: AtomicU64::new(0),
             cpu_after_worker: AtomicU64::new(0),
+            scans_reread: AtomicU64::new(0),
             inserts_worker: AtomicU64::new(0),
             inserts_cpu: AtomicU64::new(0),
             taken: AtomicU64::new(0),
@@ -311,6 +315,7 @@ struct Scans {
     worker: u64,
     cpu: u64,
     cpu_after_worker: u64,
+    reread: u64,
 }
 
 #[derive(Serialize)]
@@ -407,7 +412,12 @@ fn gpu_graph_worker_stats() -> JsonB {
     let stats = WorkerStats {
         scope: if shared().is_some() { "cluster" } else { "backend" },
         worker: Worker { state: worker_state(), ring: shared().map(ring) },
-        scans: Scans { worker: scans_worker, cpu: get(&c.scans_cpu), cpu_after_worker: get(&c.cpu_after_worker) },
+        scans: Scans {
+            worker: scans_worker,
+            cpu: get(&c.scans_cpu),
+            cpu_after_worker: get(&c.cpu_after_worker),
+            reread: get(&c.scans_reread),
+        },
         inserts: Inserts { worker: get(&c.inserts_worker), cpu: get(&c.inserts_cpu) },
         fallbacks: Outcome::ALL[1..].iter().map(|&o| (o.name(), get(&c.outcomes[o.index()]))).collect(),
         requests: Requests {

@@ -443,6 +443,11 @@ served=$(($(stat scans,worker) - before))
 echo "  inserted rows found by their own vector through the worker: $found ($served scans served by it)"
 [ "$all" -gt 0 ] && [ $((got * 100)) -ge $((all * 99)) ] || fail "only $found inserted rows found"
 [ "$served" -ge "$all" ] || fail "the worker served $served of $all scans"
+# the CPU test mode's copy holds the pages' own vectors: every answer came
+# with its rows and distances, no page read again (worker::rows)
+reread=$(stat scans,reread)
+[ "$reread" = 0 ] || fail "$reread worker-served scans read their answer from the pages again"
+echo "  every answer carried its rows and distances: scans.reread = 0"
 n=$(q -c "$GPU" -c "
   SELECT count(*) || '/' || count(DISTINCT id) FROM (SELECT id FROM items ORDER BY v <-> '{0.5,0.5,0.5,0.5,0.5,0.5,0.5,0.5}' LIMIT 1000000) s" | tail -n 1)
 [ "$n" = "$rows/$rows" ] || fail "a full scan returned $n rows/distinct for $rows rows"

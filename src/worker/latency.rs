@@ -92,7 +92,8 @@ pub struct Latencies {
     pub search: Histogram,
     /// answered → the backend reading the answer (its latch wake-up)
     pub wake: Histogram,
-    /// the backend's re-read of the answered nodes from the pages
+    /// the backend taking the answer's rows: from the reply, or re-read
+    /// from the pages where the copy's distances are not theirs
     pub verify: Histogram,
     /// submitted → answer read, as the backend sees it
     pub roundtrip: Histogram,

@@ -85,8 +85,11 @@ q -c "DROP TABLE IF EXISTS queries" -c "CREATE TABLE queries (id int PRIMARY KEY
 # deletes find the oldest new row by id; deleted ids are kept for the check
 q -c "CREATE INDEX IF NOT EXISTS items_id ON items (id)" \
   -c "DROP TABLE IF EXISTS deleted_ids" -c "CREATE TABLE deleted_ids (id int)"
-cat >$w/knn.sql <<'SQL'
-\set qid random(0, 999)
+# (QIDS="500 999": only the queries whose neighbourhoods the inserts,
+# jittered queries 0-499, do not fill with rows of their own)
+read -r qlo qhi <<<"${QIDS:-0 999}"
+cat >$w/knn.sql <<SQL
+\\set qid random($qlo, $qhi)
 SELECT id FROM items ORDER BY embedding <-> (SELECT v FROM queries WHERE id = :qid) LIMIT 10;
 SQL
 # a query vector of 0-499, jittered: a new row near the data (the vector
@@ -166,9 +169,11 @@ split_cpu() {
     }
     END {printf "%.2f %.2f %.2f %.2f %.2f\n", c[1] / 100 / t, c[2] / 100 / t, c[3] / 100 / t, c[4] / 100 / t, c[5] / 100 / t}' "$1.0" "$1.1" >"$1"
 }
-# what the worker waits on, sampled every 20 ms through one connection
+# what the worker waits on, and the searching backends in a statement,
+# sampled every 20 ms through one connection
 for _ in $(seq 1 $((secs * 40))); do
   echo "SELECT coalesce(wait_event_type || ':' || wait_event, 'on CPU') FROM pg_stat_activity WHERE backend_type = 'gpu_graph search worker';"
+  echo "SELECT 'searches: ' || coalesce(wait_event_type || ':' || wait_event, 'on CPU') FROM pg_stat_activity WHERE application_name = 'gg_search' AND state = 'active';"
   echo "SELECT pg_sleep(0.02);"
 done >$w/waits.sql
 
@@ -235,7 +240,9 @@ for c in ${CLIENTS:-64}; do
     read_pct=$(awk -v a="$(stats residency,patch_read_ms)" -v b="$r0" -v s="$secs" 'BEGIN {printf "%.1f", (a - b) / (10 * s)}')
     per=$(awk -v a="$(stats residency,patch_ms)" -v b="$t0" -v n="$npatch" 'BEGIN {printf "%.0f", n ? 1000 * (a - b) / n : 0}')
     slow=$(($(stats residency,slow_syncs) - l0))
-    echo "$name worker waits: $(sort $w/waits_$name | uniq -c | sort -rn | awk '{c = $1; $1 = ""; printf "%s%s %d;", sep, $0, c; sep = " "}')" >>"$out/waits.txt"
+    counts() { sort | uniq -c | sort -rn | awk '{c = $1; $1 = ""; printf "%s%s %d;", sep, $0, c; sep = " "}'; }
+    echo "$name worker waits: $(grep -v '^searches: ' $w/waits_$name | counts)" >>"$out/waits.txt"
+    echo "$name searches' waits: $(grep '^searches: ' $w/waits_$name | sed 's/^searches: //' | counts)" >>"$out/waits.txt"
     patch=$(awk -v a="$(stats residency,patch_ms)" -v b="$t0" -v s="$secs" 'BEGIN {printf "%.1f", (a - b) / (10 * s)}')
     wcpu=$(awk -v a="$c1" -v b="$c0" -v s="$secs" 'BEGIN {printf "%.0f", 100 * (a - b) / s}')
     # the worker's thread busy (taking, answering, patching), not spinning

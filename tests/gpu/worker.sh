@@ -89,6 +89,39 @@ for (ef, g), (_, c) in zip(gpu, cpu):
 sys.exit(1 if bad or len(gpu) != len(cpu) or not gpu else 0)
 PY
 echo "worker stats: $(q -c "SELECT gpu_graph_worker_stats()->'scans'") $(q -c "SELECT gpu_graph_worker_stats()->'fallbacks'")"
+[ "$(stats scans,reread)" = 0 ] || fail "scans of the fp16 index read their answers from the pages again"
+
+say "an index stored as f32 (its GPU copy rounded to fp16): answers read again from the pages"
+q -c "DROP TABLE IF EXISTS f32items" -c "CREATE TABLE f32items AS SELECT * FROM items WHERE id < 50000" \
+  -c "SET gpu_graph.build_device = gpu" -c "CREATE INDEX ON f32items USING gpu_graph (embedding) WITH (storage = 'f32')"
+f32q() {
+  PGOPTIONS="-c gpu_graph.search_device=$1 -c gpu_graph.ef_search=20 ${2:-}" q -c "
+    SELECT string_agg(s.ids, ';' ORDER BY q.id) FROM queries q, LATERAL (
+      SELECT string_agg(id::text, ',') ids FROM (SELECT id FROM f32items ORDER BY embedding <-> q.v LIMIT 10) t) s
+    WHERE q.id < 100"
+}
+# the worker stepped aside for the build: once back, the first scans make the copy
+for _ in $(seq 1 300); do [ "$(stats worker,state)" = running ] && break; sleep 0.1; done
+for _ in $(seq 1 100); do
+  [ "$(q -c "SELECT (gpu_graph_info('f32items_embedding_idx') #>> '{search,resident,generation}') IS NOT NULL")" = t ] && break
+  PGOPTIONS="-c gpu_graph.search_device=gpu" q -c "SELECT 1 FROM f32items ORDER BY embedding <-> (SELECT v FROM queries WHERE id = 1) LIMIT 1" >/dev/null
+  sleep 0.2
+done
+r0=$(stats scans,reread); w0=$(stats scans,worker)
+via_gpu=$(f32q gpu); via_cpu=$(f32q cpu)
+reread=$(($(stats scans,reread) - r0)); served=$(($(stats scans,worker) - w0))
+exact=$(f32q cpu "-c enable_indexscan=off -c enable_bitmapscan=off")
+# recall@10 of each against the exact answers (a sequential scan)
+recalls=$(python3 -c "
+import sys
+ex = [set(x.split(',')) for x in sys.argv[3].split(';')]
+for got in sys.argv[1:3]:
+    print(f'{sum(len(set(g.split(\",\")) & e) for g, e in zip(got.split(\";\"), ex)) / (10 * len(ex)):.3f}')" "$via_gpu" "$via_cpu" "$exact" | paste -sd' ')
+echo "  100 scans: $served served by the worker, $reread of them read from the pages; recall@10 worker / CPU: $recalls"
+[ "$served" = 100 ] && [ "$reread" = 100 ] || fail "the f32 index's scans: $served served, $reread read again (want 100 and 100)"
+python3 -c "import sys; g, c = map(float, sys.argv[1:]); sys.exit(g < c - 0.01 or c < 0.9)" $recalls ||
+  fail "the f32 index's recall through the worker / the CPU: $recalls"
+q -c "DROP TABLE f32items"
 
 for c in 1 16 64; do
   say "pgbench, $c clients, 15 s, ef_search 20, through the worker"

@@ -32,6 +32,7 @@ use super::gpu::{GpuBatch, GpuPending};
 use super::image::Key;
 use super::outcome::Outcome;
 use super::own_core;
+use super::profile::Mark;
 use super::residency::{CopyId, Lookup, Residency};
 use super::ring::{Request, State, MAX_HITS};
 use super::shmem::{shared, Shared};
@@ -326,6 +327,7 @@ impl Worker {
                 || c.patches.load(Ordering::Relaxed) != patches;
             if worked {
                 add(&c.work_ns, (end - pass).as_nanos() as u64);
+                add(&c.passes, 1);
             }
             if took || on_device || loading {
                 last_work = end;
@@ -353,11 +355,14 @@ impl Worker {
     fn take_requests(&mut self, now: Instant) -> Result<bool, String> {
         let mut taken = std::mem::take(&mut self.taken);
         taken.clear();
+        let prof = &self.shared.counters.profile;
+        let mark = Mark::now();
         for (i, slot) in self.shared.slots().iter().enumerate() {
             if let Some(seq) = slot.take() {
                 taken.push((i, seq));
             }
         }
+        let mark = if taken.is_empty() { mark } else { mark.lap(&prof.scan) };
         // what the requests need of the log (a standby's, u64::MAX: none;
         // their copies go by the generation)
         let need = taken
@@ -366,9 +371,11 @@ impl Worker {
             .map(|&(i, _)| unsafe { self.shared.slots()[i].request() }.need)
             .filter(|&n| n != u64::MAX)
             .max();
+        let mut mark = mark;
         if need.is_some_and(|n| self.residency.behind(n, self.shared)) {
             // SAFETY: the worker's main thread, as in `serve`.
             unsafe { self.residency.sync(&self.device, self.shared)? };
+            mark = mark.lap(&prof.patch);
         }
         let took = !taken.is_empty();
         // SAFETY: reads the clock; any process may.
@@ -379,6 +386,9 @@ impl Worker {
         if let Err(o) = self.device.send_held() {
             // the device is lost: the held searches fail when polled
             failed(&self.device, o)?;
+        }
+        if took {
+            mark.lap(&prof.start);
         }
         self.taken = taken;
         Ok(took)
@@ -427,6 +437,8 @@ impl Worker {
     /// whether any is still on the device.
     fn progress(&mut self, now: Instant) -> Result<bool, String> {
         let mut on_device = false;
+        // (counted once a pass: an atomic add a look would cost as much as the look)
+        let (mut pending, mut look_ns, mut collect_ns) = (0, 0, 0);
         let mut i = 0;
         while i < self.inflight.len() {
             let f = &mut self.inflight[i];
@@ -459,8 +471,16 @@ impl Worker {
                 }
             }
             if let Work::Gpu(p) = &mut f.work {
-                match self.device.poll(p) {
+                let mark = Mark::now();
+                let polled = self.device.poll(p);
+                // (a look that found it finished collected its answer too)
+                match polled {
+                    Ok(None) => look_ns += mark.ns(),
+                    _ => collect_ns += mark.ns(),
+                }
+                match polled {
                     Ok(None) => {
+                        pending += 1;
                         on_device = true;
                         i += 1;
                         continue;
@@ -476,10 +496,19 @@ impl Worker {
             let f = self.inflight.swap_remove(i);
             self.answer(f);
         }
+        let c = &self.shared.counters;
+        if pending > 0 {
+            add(&c.polls_pending, pending);
+        }
+        if look_ns + collect_ns > 0 {
+            add(&c.profile.look, look_ns);
+            add(&c.profile.collect, collect_ns);
+        }
         Ok(on_device)
     }
 
     fn answer(&self, f: InFlight) {
+        let mark = Mark::now();
         let slot = &self.shared.slots()[f.slot];
         // read before DONE: the backend may free and someone reuse the slot after
         // SAFETY: the worker holds the slot (WORKING, or ABANDONED if its
@@ -523,6 +552,7 @@ impl Worker {
         }
         reply.answered_at = now;
         add(&c.answered, 1);
+        mark.lap(&c.profile.reply);
         if slot.answer(f.seq) {
             let t = Instant::now();
             set_latch(procno);

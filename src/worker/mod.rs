@@ -31,6 +31,7 @@ mod image;
 mod latency;
 mod outcome;
 mod own_core;
+mod profile;
 mod residency;
 mod ring;
 mod rows;

@@ -15,6 +15,7 @@ use serde::Serialize;
 
 use super::latency::{Histogram, Latencies, LatencyJson};
 use super::outcome::Outcome;
+use super::profile::{Profile, ProfileJson};
 use super::ring::State;
 use super::shmem::{shared, Shared, DEVICE_CPU, DEVICE_GPU};
 
@@ -51,6 +52,12 @@ pub struct Counters {
     pub take_ns: AtomicU64,
     pub progress_ns: AtomicU64,
     pub wake_ns: AtomicU64,
+    /// the worker's busy passes, and its looks at searches on the device
+    /// not finished yet (what its polling costs a request answered)
+    pub passes: AtomicU64,
+    pub polls_pending: AtomicU64,
+    /// the worker's thread by part (worker::profile), when profiled
+    pub profile: Profile,
     /// copies made and dropped
     pub loads: AtomicU64,
     pub load_us: AtomicU64,
@@ -112,6 +119,9 @@ impl Counters {
             take_ns: AtomicU64::new(0),
             progress_ns: AtomicU64::new(0),
             wake_ns: AtomicU64::new(0),
+            passes: AtomicU64::new(0),
+            polls_pending: AtomicU64::new(0),
+            profile: Profile::new(),
             loads: AtomicU64::new(0),
             load_us: AtomicU64::new(0),
             evictions: AtomicU64::new(0),
@@ -339,6 +349,13 @@ struct Requests {
     take_ms: f64,
     progress_ms: f64,
     wake_ms: f64,
+    /// busy passes of the worker's loop, and its looks at searches still
+    /// on the device
+    passes: u64,
+    polls_pending: u64,
+    /// with GPU_GRAPH_WORKER_PROFILE=1 (worker::profile)
+    #[serde(skip_serializing_if = "Option::is_none")]
+    profile: Option<ProfileJson>,
 }
 
 #[derive(Serialize)]
@@ -431,6 +448,9 @@ fn gpu_graph_worker_stats() -> JsonB {
             take_ms: get(&c.take_ns) as f64 / 1e6,
             progress_ms: get(&c.progress_ns) as f64 / 1e6,
             wake_ms: get(&c.wake_ns) as f64 / 1e6,
+            passes: get(&c.passes),
+            polls_pending: get(&c.polls_pending),
+            profile: c.profile.json(),
         },
         residency: Residency {
             loads,

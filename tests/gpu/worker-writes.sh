@@ -202,6 +202,11 @@ for c in ${CLIENTS:-64}; do
     f0=$(fallbacks); n0=$(stats residency,patches); r0=$(stats residency,patch_read_ms); l0=$(stats residency,slow_syncs)
     k0=$(stats requests,work_ms); ans0=$(stats requests,answered)
     tk0=$(stats requests,take_ms); pr0=$(stats requests,progress_ms); wk0=$(stats requests,wake_ms)
+    ps0=$(stats requests,passes); pl0=$(stats requests,polls_pending)
+    # the worker's thread by part, with GPU_GRAPH_WORKER_PROFILE=1 in the server's environment
+    parts="scan patch start look collect reply"
+    prof() { for x in $parts; do v=$(stats "requests,profile,${x}_ms"); echo "${v:-0}"; done | paste -sd' '; }
+    pf0=$(prof)
     c0=$(proc_cpu "$pid"); read -r b0 a0 < <(busy); read -r wb0 wf0 ck0 < <(wal)
     writers=(); vacuums=0
     case $mode in
@@ -259,10 +264,17 @@ for c in ${CLIENTS:-64}; do
     # (patches included), polling and answering, of which waking backends
     awk -v n="$name" -v a="$(($(stats requests,answered) - ans0))" -v w="$(stats requests,work_ms)" -v w0="$k0" \
       -v t="$(stats requests,take_ms)" -v t0="$tk0" -v p="$(stats requests,progress_ms)" -v p0="$pr0" \
-      -v k="$(stats requests,wake_ms)" -v k0="$wk0" 'BEGIN {
+      -v k="$(stats requests,wake_ms)" -v k0="$wk0" -v ps="$(stats requests,passes)" -v ps0="$ps0" \
+      -v pl="$(stats requests,polls_pending)" -v pl0="$pl0" 'BEGIN {
         u = a ? 1000 / a : 0
-        printf "%s: the worker thread per request answered (us): busy %.2f, taking %.2f, answering %.2f, of which waking %.2f (%d answered)\n",
-          n, (w - w0) * u, (t - t0) * u, (p - p0) * u, (k - k0) * u, a }' | tee -a "$out/thread.txt"
+        printf "%s: the worker thread per request answered (us): busy %.2f, taking %.2f, answering %.2f, of which waking %.2f (%d answered; %.2f requests a busy pass, %.1f looks at unfinished searches a request)\n",
+          n, (w - w0) * u, (t - t0) * u, (p - p0) * u, (k - k0) * u, a, (ps - ps0) ? a / (ps - ps0) : 0, a ? (pl - pl0) / a : 0 }' | tee -a "$out/thread.txt"
+    if [ "$(stats requests,profile)" != "" ]; then
+      awk -v n="$name" -v a="$(($(stats requests,answered) - ans0))" -v p0="$pf0" -v p1="$(prof)" -v names="$parts" 'BEGIN {
+          split(p0, x); split(p1, y); k = split(names, m); s = ""
+          for (i = 1; i <= k; i++) s = s sprintf("%s %.2f, ", m[i], a ? 1000 * (y[i] - x[i]) / a : 0)
+          printf "%s: the worker thread per request answered, profiled (us): %s\n", n, substr(s, 1, length(s) - 2) }' | tee -a "$out/thread.txt"
+    fi
     # the server's WAL over the point: a checkpoint in it makes the next
     # change of every page a full-page image (an insert changes ~35 pages)
     awk -v n="$name" -v b="$((wb1 - wb0))" -v f="$((wf1 - wf0))" -v k="$((ck1 - ck0))" -v s="$secs" 'BEGIN {

@@ -1,76 +1,76 @@
 //! The host's half of ALGAS's GPU-CPU cooperation (section IV-B): the
-//! per-CTA result lists of a query, each sorted ascending, merged with a
-//! heap into the k best, duplicates and deleted nodes dropped. The GPU never
-//! runs a merge kernel.
+//! per-CTA result lists of a query, each sorted ascending, merged into the
+//! k best, duplicates and deleted nodes dropped. The GPU never runs a merge
+//! kernel.
 
-use std::cmp::{Ordering, Reverse};
-use std::collections::BinaryHeap;
+use std::cmp::Ordering;
 
-#[derive(Clone, Copy, PartialEq)]
-struct Head {
-    dist: f32,
-    node: u32,
-    list: u32,
-    pos: u32,
+use crate::abi::ResultHit;
+
+/// A list entry: its search distance and node.
+pub trait Scored: Copy {
+    fn dist(&self) -> f32;
+    fn node(&self) -> u32;
 }
-impl Eq for Head {}
-impl Ord for Head {
-    fn cmp(&self, o: &Self) -> Ordering {
-        self.dist.total_cmp(&o.dist).then(self.node.cmp(&o.node)).then(self.list.cmp(&o.list))
+
+impl Scored for (f32, u32) {
+    fn dist(&self) -> f32 {
+        self.0
     }
-}
-impl PartialOrd for Head {
-    fn partial_cmp(&self, o: &Self) -> Option<Ordering> {
-        Some(self.cmp(o))
+    fn node(&self) -> u32 {
+        self.1
     }
 }
 
-/// The `k` nearest of the union of `lists` (each sorted by (distance, node)),
-/// ascending, each node once, only nodes for which `keep` is true.
+/// A CTA's hit as the kernel wrote it (merged where it lies, in mapped
+/// memory: no copy first).
+impl Scored for ResultHit {
+    fn dist(&self) -> f32 {
+        self.dist
+    }
+    fn node(&self) -> u32 {
+        self.id
+    }
+}
+
+/// The most lists one merge takes: a query's CTAs (QueryPlan's clamp).
+pub const MAX_LISTS: usize = 32;
+
+/// The `k` nearest of the union of `lists` (each sorted by (distance, node);
+/// at most MAX_LISTS of them), ascending, each node once, only nodes for
+/// which `keep` is true.
 ///
 /// Duplicates: a node is in two lists only when the visited table of its
 /// slot overflowed and two CTAs computed it. Both computed the same float
-/// (same code, same lane split, same summation order), so equal nodes leave
-/// the heap one right after the other and comparing with the last output is
+/// (same code, same lane split, same summation order), so equal nodes come
+/// out one right after the other and comparing with the last output is
 /// enough.
-pub fn merge_lists(lists: &[&[(f32, u32)]], k: usize, mut keep: impl FnMut(u32) -> bool) -> Vec<(f32, u32)> {
+///
+/// The least head is found by a scan of the lists' heads (a query has a few
+/// CTAs, and k is tens): no heap, and no allocation but the output's, on
+/// the worker's thread that merges every answer.
+pub fn merge_lists<T: Scored>(lists: &[&[T]], k: usize, mut keep: impl FnMut(u32) -> bool) -> Vec<(f32, u32)> {
+    assert!(lists.len() <= MAX_LISTS, "{} lists to merge, at most {MAX_LISTS}", lists.len());
     let mut out: Vec<(f32, u32)> = Vec::with_capacity(k);
-    if k == 0 {
-        return out;
-    }
-    if lists.len() == 1 {
-        // one CTA: already sorted and distinct
-        for &(d, n) in lists[0] {
-            if out.len() == k {
-                break;
+    let mut pos = [0usize; MAX_LISTS];
+    while out.len() < k {
+        // the least head by (distance, node), the first list's on a tie
+        let mut best: Option<(usize, f32, u32)> = None;
+        for (i, l) in lists.iter().enumerate() {
+            if let Some(h) = l.get(pos[i]) {
+                let (d, n) = (h.dist(), h.node());
+                let less = |&(_, bd, bn): &(usize, f32, u32)| d.total_cmp(&bd).then(n.cmp(&bn)) == Ordering::Less;
+                if best.as_ref().is_none_or(less) {
+                    best = Some((i, d, n));
+                }
             }
-            if out.last().is_some_and(|l| l.1 == n) || !keep(n) {
-                continue;
-            }
-            out.push((d, n));
         }
-        return out;
-    }
-    let mut heap: BinaryHeap<Reverse<Head>> = BinaryHeap::with_capacity(lists.len());
-    for (i, l) in lists.iter().enumerate() {
-        if let Some(&(d, n)) = l.first() {
-            heap.push(Reverse(Head { dist: d, node: n, list: i as u32, pos: 0 }));
-        }
-    }
-    while let Some(Reverse(h)) = heap.pop() {
-        let l = lists[h.list as usize];
-        let next = h.pos as usize + 1;
-        if next < l.len() {
-            let (d, n) = l[next];
-            heap.push(Reverse(Head { dist: d, node: n, list: h.list, pos: next as u32 }));
-        }
-        if out.last().is_some_and(|x| x.1 == h.node) || !keep(h.node) {
+        let Some((i, d, n)) = best else { break };
+        pos[i] += 1;
+        if out.last().is_some_and(|l| l.1 == n) || !keep(n) {
             continue;
         }
-        out.push((h.dist, h.node));
-        if out.len() == k {
-            break;
-        }
+        out.push((d, n));
     }
     out
 }
@@ -94,5 +94,38 @@ mod tests {
         let a = [(1.0, 5)];
         let b = [(1.0, 2)];
         assert_eq!(merge_lists(&[&a, &b], 2, |_| true), vec![(1.0, 2), (1.0, 5)]);
+    }
+
+    #[test]
+    fn equals_sorting_the_union() {
+        // lists as CTAs write them: sorted, distinct within a list, a node
+        // in two lists with the same distance
+        let mut x = 12345u32;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            x
+        };
+        let dist = |n: u32| (n % 97) as f32 * 0.25;
+        for round in 0..200 {
+            let ctas = 1 + round % 8;
+            let lists: Vec<Vec<(f32, u32)>> = (0..ctas)
+                .map(|_| {
+                    let mut l: Vec<(f32, u32)> = (0..next() % 40).map(|_| next() % 300).map(|n| (dist(n), n)).collect();
+                    l.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+                    l.dedup();
+                    l
+                })
+                .collect();
+            let refs: Vec<&[(f32, u32)]> = lists.iter().map(|l| l.as_slice()).collect();
+            let k = (next() % 50) as usize;
+            let keep = |n: u32| !n.is_multiple_of(11);
+            let mut want: Vec<(f32, u32)> = lists.concat().into_iter().filter(|h| keep(h.1)).collect();
+            want.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+            want.dedup();
+            want.truncate(k);
+            assert_eq!(merge_lists(&refs, k, keep), want, "round {round}");
+        }
     }
 }

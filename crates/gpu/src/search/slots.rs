@@ -35,7 +35,7 @@ use parking_lot::{Mutex, MutexGuard};
 
 use super::doorbell::Doorbell;
 use super::launch::err_name;
-use super::merge::merge_lists;
+use super::merge::{merge_lists, MAX_LISTS};
 use super::plan::{QueryPlan, Sizing, FINISH_STRIDE_WORDS};
 use super::registry::Resident;
 use crate::abi::{self, RequestHead, ResultHead, ResultHit, SearchParams};
@@ -444,16 +444,18 @@ impl Slots {
     /// frees the slot and merges the CTAs' lists. Err: an answer that makes
     /// no sense (a CTA answered another query, or found no index).
     pub fn collect(&self, slot: u32, st: &mut SlotState) -> Result<Answer, String> {
-        let res = st.resident.clone().expect("a busy slot names its index");
         let (ctas, k, cmd) = (st.ctas as usize, st.k as usize, st.cmd);
-        let mut lists: Vec<Vec<(f32, u32)>> = Vec::with_capacity(ctas);
+        // each CTA's hits where the GPU wrote them, merged in place before
+        // the slot is let go (another thread may submit to it after)
+        let mut lists: [&[ResultHit]; MAX_LISTS] = [&[]; MAX_LISTS];
         let (mut expanded, mut computed, mut capped) = (0u32, 0u32, 0u32);
         let (mut first, mut last, mut times) = (u64::MAX, 0u64, KernelTimes::default());
         let mut bad = None;
-        for c in 0..ctas {
+        for (c, list) in lists.iter_mut().enumerate().take(ctas) {
             let at = slot as usize * self.z.result_stride + c * self.z.cta_block;
             // SAFETY: the GPU wrote this block before the finish word we read
-            // with acquire; nobody writes it again until the slot is reused.
+            // with acquire; nobody writes it again until the slot is reused,
+            // which its release below comes first.
             let (head, hits) = unsafe {
                 let base = self.results.ptr().add(at);
                 let head = std::ptr::read_volatile(base as *const ResultHead);
@@ -479,14 +481,15 @@ impl Slots {
                 (times.cycles, times.claim_cycles, times.dist_cycles, times.merge_cycles) =
                     (head.cycles, head.claim_cycles, head.dist_cycles, head.merge_cycles);
             }
-            lists.push(hits.iter().map(|h| (h.dist, h.id)).collect());
+            *list = hits;
         }
+        let res = st.resident.as_ref().expect("a busy slot names its index");
+        // (a query has at most MAX_LISTS CTAs: QueryPlan)
+        let hits = if bad.is_none() { merge_lists(&lists[..ctas], k, |v| res.is_result(v)) } else { Vec::new() };
         self.release(slot, st);
         if let Some(b) = bad {
             return Err(b);
         }
-        let refs: Vec<&[(f32, u32)]> = lists.iter().map(|v| v.as_slice()).collect();
-        let hits = merge_lists(&refs, k, |v| res.is_result(v));
         times.span_ns = last.saturating_sub(first).min(u32::MAX as u64) as u32;
         Ok(Answer { hits, expanded, computed, capped, times })
     }

@@ -362,7 +362,7 @@ impl Worker {
                 taken.push((i, seq));
             }
         }
-        let mark = if taken.is_empty() { mark } else { mark.lap(&prof.scan) };
+        let mut mark = if taken.is_empty() { mark } else { mark.lap(&prof.scan) };
         // what the requests need of the log (a standby's, u64::MAX: none;
         // their copies go by the generation)
         let need = taken
@@ -371,7 +371,6 @@ impl Worker {
             .map(|&(i, _)| unsafe { self.shared.slots()[i].request() }.need)
             .filter(|&n| n != u64::MAX)
             .max();
-        let mut mark = mark;
         if need.is_some_and(|n| self.residency.behind(n, self.shared)) {
             // SAFETY: the worker's main thread, as in `serve`.
             unsafe { self.residency.sync(&self.device, self.shared)? };

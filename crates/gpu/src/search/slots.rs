@@ -455,7 +455,7 @@ impl Slots {
             let at = slot as usize * self.z.result_stride + c * self.z.cta_block;
             // SAFETY: the GPU wrote this block before the finish word we read
             // with acquire; nobody writes it again until the slot is reused,
-            // which its release below comes first.
+            // and it is released below, after the merge.
             let (head, hits) = unsafe {
                 let base = self.results.ptr().add(at);
                 let head = std::ptr::read_volatile(base as *const ResultHead);

@@ -70,21 +70,10 @@ pub unsafe fn first_round(
     // SAFETY: `index` is open (the caller's contract).
     let answer = unsafe { ask(index, meta, query, ef) };
     record(answer.as_ref().err().copied().unwrap_or(Outcome::Answered));
-    answer.ok().map(|Replied { nodes, rows }| {
+    answer.ok().map(|Replied { nodes, hits }| {
         let t = Instant::now();
-        let answer = match rows {
-            // nodes allocated after the scan read the meta page hold rows
-            // its snapshot cannot see (as in `verify`)
-            Some(rows) => Answer {
-                hits: nodes
-                    .iter()
-                    .zip(rows)
-                    .filter(|(&node, _)| node < meta.node_count)
-                    .map(|(&node, (dist, payload))| Hit { dist, node, payload })
-                    .collect(),
-                handed: nodes,
-                rest: Vec::new(),
-            },
+        let answer = match hits {
+            Some(hits) => Answer { hits, handed: nodes, rest: Vec::new() },
             None => {
                 // the nearest SCAN_VERIFY_FIRST by the worker's distances
                 // now, the rest if the scan wants more rows (verify_nodes)
@@ -102,10 +91,11 @@ pub unsafe fn first_round(
 }
 
 /// A scan's answer from the worker: its nodes, nearest first, and when the
-/// copy gave them each node's (search distance, row) (worker::rows).
+/// copy gave each node's search distance and row (worker::rows) the hits
+/// the scan hands out.
 struct Replied {
     nodes: Vec<u32>,
-    rows: Option<Vec<(f32, u64)>>,
+    hits: Option<Vec<Hit>>,
 }
 
 /// Nodes of a scan's first round read again from the pages before its
@@ -237,8 +227,16 @@ unsafe fn ask(index: pg_sys::Relation, meta: &Meta, query: &[f32], ef: usize) ->
             c.latency.roundtrip.record(now - submitted_at);
             c.latency.wake.record(now - reply.answered_at);
             let n = reply.n as usize;
-            let rows = reply.with_rows.then(|| reply.dists[..n].iter().copied().zip(reply.rows[..n].iter().copied()));
-            Replied { nodes: reply.nodes[..n].to_vec(), rows: rows.map(Iterator::collect) }
+            let nodes = &reply.nodes[..n];
+            // nodes allocated after the scan read the meta page hold rows
+            // its snapshot cannot see (as in `verify`)
+            let hits = reply.with_rows.then(|| {
+                (0..n)
+                    .filter(|&j| nodes[j] < meta.node_count)
+                    .map(|j| Hit { dist: reply.dists[j], node: nodes[j], payload: reply.rows[j] })
+                    .collect()
+            });
+            Replied { nodes: nodes.to_vec(), hits }
         })
     }
 }

@@ -1,11 +1,10 @@
 //! The search worker process: registration, start, the main loop, exit.
 //!
 //! One loop on the main thread (PostgreSQL calls are allowed there only):
-//! take SUBMITTED slots, bring the copies up to date from the change log,
-//! start their searches, and read a few pages of a copy being loaded; the
-//! answer thread (`answerer`) polls the scans' searches and answers them
-//! (the main thread answers batches). It sleeps on its latch when there is
-//! nothing to do; backends set that latch when they submit. The worker is connected to no database (see
+//! take SUBMITTED slots, start their searches, poll the ones on the GPU,
+//! answer the finished ones, and read a few pages of a copy being loaded.
+//! It sleeps on its latch when there is nothing to do; backends set that
+//! latch when they submit. The worker is connected to no database (see
 //! `register`); it reads pages by RelFileNode (see `image`).
 //!
 //! Exits: SIGTERM (pg_terminate_backend, server shutdown) ends the loop, as
@@ -27,17 +26,15 @@ use pgrx::bgworkers::{BackgroundWorker, SignalWakeFlags};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 
-use super::answerer::{self, Answerer, Answering, Control, Reply, Search};
-use super::any_thread::{timestamp_now, write_logs};
 use super::batch_area::Area;
-use super::device::{BatchStart, Device, Handle, Start};
-use super::gpu::GpuBatch;
+use super::device::{BatchStart, Device, Handle, Hits, Start};
+use super::gpu::{GpuBatch, GpuPending};
 use super::image::Key;
 use super::outcome::Outcome;
-use super::own_core::{self, Kept};
+use super::own_core;
 use super::profile::Mark;
-use super::residency::{Lookup, Residency};
-use super::ring::{Request, State};
+use super::residency::{CopyId, Lookup, Residency};
+use super::ring::{Request, State, MAX_HITS};
 use super::shmem::{shared, Shared};
 use super::stats::{add, Counters};
 use super::{nap, set_latch, sleep};
@@ -137,7 +134,7 @@ pub extern "C-unwind" fn gpu_graph_worker_main(_arg: pg_sys::Datum) {
     }
     let auto_limit = device.auto_limit();
     shared.worker_device.store(device.code(), Ordering::Relaxed);
-    let kept = keep_core(shared, &device);
+    keep_core(shared, &device);
     // SAFETY: MyProc and MyProcPid are this process's, set before its main
     // function runs.
     let (procno, pid) = unsafe { ((*pg_sys::MyProc).pgprocno, pg_sys::MyProcPid) };
@@ -148,26 +145,16 @@ pub extern "C-unwind" fn gpu_graph_worker_main(_arg: pg_sys::Datum) {
 
     let mut w = Worker {
         shared,
-        device: &device,
+        device,
         auto_limit,
         residency: Residency::default(),
         inflight: Vec::new(),
         taken: Vec::new(),
-        scans: Vec::new(),
         segment: None,
     };
-    let control = Control::new(kept.and_then(|k| k.answers));
-    let outcome = std::thread::scope(|scope| {
-        let answers = answerer::start(scope, &device, shared, &control);
-        let outcome = w.serve(&answers);
-        // (the thread ends, and lets go of its requests, before the copies
-        // and the device go)
-        drop(answers);
-        outcome
-    });
-    write_logs();
-    w.residency.clear(&device, shared);
-    device.shutdown();
+    let outcome = w.serve();
+    w.residency.clear(&w.device, shared);
+    w.device.shutdown();
     match outcome {
         Ok(Stop::Shutdown) => log!("gpu_graph search worker: stopping"),
         Ok(Stop::StepAside) => log!("gpu_graph search worker: leaving the GPU to an index build until it ends"),
@@ -202,13 +189,11 @@ unsafe extern "C-unwind" fn at_exit(_code: i32, _arg: pg_sys::Datum) {
     unsafe { pg_sys::LockReleaseAll(pg_sys::DEFAULT_LOCKMETHOD as u16, true) };
 }
 
-/// Keeps a core to the worker's main thread and one to its answer thread,
-/// or none, as gpu_graph.worker_core says; the backends read which in
-/// shared memory.
-fn keep_core(shared: &Shared, device: &Device) -> Option<Kept> {
-    let kept = own_core::keep_for_worker(matches!(device, Device::Gpu(_)));
-    shared.worker_core.store(Kept::encode(kept), Ordering::Relaxed);
-    kept
+/// Keeps a core to the worker's main thread, or none, as
+/// gpu_graph.worker_core says; the backends read which in shared memory.
+fn keep_core(shared: &Shared, device: &Device) {
+    let core = own_core::keep_for_worker(matches!(device, Device::Gpu(_)));
+    shared.worker_core.store(core.map_or(0, |c| c as i32 + 1), Ordering::Relaxed);
 }
 
 /// Why the worker stops serving (it exits either way, and is started again).
@@ -219,33 +204,35 @@ enum Stop {
     StepAside,
 }
 
-/// A batch the worker holds (its slot in WORKING); the scans' requests
-/// are the answer thread's (`answerer::Answering`).
+/// A request the worker holds (its slot in WORKING).
 struct InFlight {
     slot: usize,
     seq: u64,
     taken_at: i64,
     /// gpu_graph.worker_delay: not answered before this
     due: Option<Instant>,
+    /// queries of a batch (0: a scan's one query)
+    batch: u32,
+    /// the copy a scan's query is searched on
+    copy: Option<CopyId>,
     work: Work,
 }
 
 enum Work {
-    Done(Result<(), Outcome>),
+    Done(Result<Hits, Outcome>),
+    Gpu(GpuPending),
     /// a batch on the device, its segment attached, since when
     Batch(Area, Box<GpuBatch>, Instant),
 }
 
-struct Worker<'d> {
+struct Worker {
     shared: &'static Shared,
-    device: &'d Device,
+    device: Device,
     auto_limit: usize,
     residency: Residency,
     inflight: Vec<InFlight>,
     /// the slots taken in one pass (kept for its allocation)
     taken: Vec<(usize, u64)>,
-    /// the scans started in one pass, for the answer thread
-    scans: Vec<Answering>,
     /// the last batch segment mapped, kept for the next segment of queries
     /// its backend sends (worker::batch_area), and since when; let go when
     /// idle or after SEGMENT_KEEP unused (its backend has finished, and the
@@ -256,7 +243,7 @@ struct Worker<'d> {
 /// How long an unused batch segment stays mapped.
 const SEGMENT_KEEP: Duration = Duration::from_secs(1);
 
-impl Worker<'_> {
+impl Worker {
     /// gpu_graph.gpu_memory_limit in bytes (0 = none).
     fn limit(&self) -> usize {
         match GPU_MEMORY_LIMIT.get() {
@@ -265,9 +252,8 @@ impl Worker<'_> {
         }
     }
 
-    /// Runs until SIGTERM or a GPU build (Ok), or a device failure (Err),
-    /// handing the scans' searches to `answers`.
-    fn serve(&mut self, answers: &Answerer) -> Result<Stop, String> {
+    /// Runs until SIGTERM or a GPU build (Ok), or a device failure (Err).
+    fn serve(&mut self) -> Result<Stop, String> {
         let mut last_work = Instant::now();
         let mut last_sweep = Instant::now();
         let on_gpu = matches!(self.device, Device::Gpu(_));
@@ -276,7 +262,7 @@ impl Worker<'_> {
         let c = &shared.counters;
         loop {
             let pass = Instant::now();
-            let patches = c.patches.load(Ordering::Relaxed);
+            let (answered, patches) = (c.answered.load(Ordering::Relaxed), c.patches.load(Ordering::Relaxed));
             // SAFETY: as in `sleep`.
             unsafe { pg_sys::ResetLatch(pg_sys::MyLatch) };
             // ProcSignal barriers (DROP DATABASE waits for every process to
@@ -295,16 +281,8 @@ impl Worker<'_> {
                 if std::ptr::read_volatile(&raw const pg_sys::ConfigReloadPending) != 0 {
                     pg_sys::ConfigReloadPending = 0;
                     pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP);
-                    answers.set_core(keep_core(shared, self.device).and_then(|k| k.answers));
+                    keep_core(shared, &self.device);
                 }
-            }
-            // what the answer thread had to say, and a device it found failing
-            write_logs();
-            if answers.take_device_check() {
-                self.device.check()?;
-            }
-            if answers.ended() {
-                return Err("the answer thread ended".into());
             }
             if self.segment.as_ref().is_some_and(|(_, since)| pass.saturating_duration_since(*since) > SEGMENT_KEEP) {
                 self.segment = None;
@@ -312,7 +290,6 @@ impl Worker<'_> {
             // three looks at the clock a busy pass (its start, after taking,
             // its end): one costs ~140 ns on the GPU machine
             let took = self.take_requests(pass)?;
-            answers.send(self.scans.drain(..));
             let after_take = Instant::now();
             if took {
                 add(&c.take_ns, (after_take - pass).as_nanos() as u64);
@@ -326,20 +303,28 @@ impl Worker<'_> {
                 // runs, docs/benchmarks.md), and a quiet spell of writes
                 // does not overflow the log
                 // SAFETY: the worker's main thread, with a resource owner.
-                unsafe { self.residency.sync(self.device, self.shared)? };
+                unsafe { self.residency.sync(&self.device, self.shared)? };
             }
             let t = if took { after_take } else { Instant::now() };
-            let (on_device, answered) = self.progress(t)?;
+            let answered_before = c.answered.load(Ordering::Relaxed);
+            let on_device = self.progress(t)?;
             // SAFETY: the worker lives on the process's main thread
             // (gpu_graph_worker_main), which has a resource owner.
-            let loading = unsafe { self.residency.step(self.device, self.limit(), self.shared)? };
+            let loading = unsafe { self.residency.step(&self.device, self.limit(), self.shared)? };
             let end = Instant::now();
+            if c.answered.load(Ordering::Relaxed) != answered_before {
+                // (a load's step included, when one is under way)
+                add(&c.progress_ns, (end - t).as_nanos() as u64);
+            }
             if end - last_sweep >= SWEEP_EVERY {
                 // SAFETY: as for the step above.
-                unsafe { self.residency.forget_dropped(self.device, self.shared) };
+                unsafe { self.residency.forget_dropped(&self.device, self.shared) };
                 last_sweep = end;
             }
-            let worked = took || loading || answered || c.patches.load(Ordering::Relaxed) != patches;
+            let worked = took
+                || loading
+                || c.answered.load(Ordering::Relaxed) != answered
+                || c.patches.load(Ordering::Relaxed) != patches;
             if worked {
                 add(&c.work_ns, (end - pass).as_nanos() as u64);
                 add(&c.passes, 1);
@@ -388,17 +373,18 @@ impl Worker<'_> {
             .max();
         if need.is_some_and(|n| self.residency.behind(n, self.shared)) {
             // SAFETY: the worker's main thread, as in `serve`.
-            unsafe { self.residency.sync(self.device, self.shared)? };
+            unsafe { self.residency.sync(&self.device, self.shared)? };
             mark = mark.lap(&prof.patch);
         }
         let took = !taken.is_empty();
-        let taken_at = if took { timestamp_now() } else { 0 };
+        // SAFETY: reads the clock; any process may.
+        let taken_at = if took { unsafe { pg_sys::GetCurrentTimestamp() } } else { 0 };
         for &(i, seq) in &taken {
             self.start(i, seq, taken_at, now)?;
         }
         if let Err(o) = self.device.send_held() {
             // the device is lost: the held searches fail when polled
-            failed(self.device, o)?;
+            failed(&self.device, o)?;
         }
         if took {
             mark.lap(&prof.start);
@@ -421,49 +407,44 @@ impl Worker<'_> {
             self.device.inject_fault();
         }
         let query = &req.query[..(req.dim as usize).min(req.query.len())];
-        let due = (req.delay_ms > 0).then(|| now + Duration::from_millis(req.delay_ms as u64));
-        let mut rows = None;
-        let scan = match self.residency.lookup(Key::of(req), req.generation, req.need) {
+        let mut copy = None;
+        let work = match self.residency.lookup(Key::of(req), req.generation, req.need) {
             Lookup::Ready(r) if req.batch_n > 0 => {
-                let work = batch_work(self.device, &r.handle, req, &shared.counters, &mut self.segment)?;
-                self.inflight.push(InFlight { slot: i, seq, taken_at, due, work });
-                return Ok(());
+                batch_work(&self.device, &r.handle, req, &shared.counters, &mut self.segment)?
             }
             Lookup::Ready(r) => {
-                rows = r.answer_rows();
+                copy = Some(r.id());
                 match self.device.start(&r.handle, query, req.k as usize, req.ef as usize) {
-                    Ok(Start::Done(hits)) => Search::Done(Ok(hits)),
-                    Ok(Start::Pending(p)) => Search::Gpu(p),
-                    Err(o) => Search::Done(Err(failed(self.device, o)?)),
+                    Ok(Start::Done(hits)) => Work::Done(Ok(hits)),
+                    Ok(Start::Pending(p)) => Work::Gpu(p),
+                    Err(o) => Work::Done(Err(failed(&self.device, o)?)),
                 }
             }
-            Lookup::Unfit => Search::Done(Err(Outcome::Unfit)),
+            Lookup::Unfit => Work::Done(Err(Outcome::Unfit)),
             Lookup::Stale => {
                 // SAFETY: the worker's main thread, as in `serve`.
-                unsafe { self.residency.want(req, self.device, self.limit(), shared) };
-                Search::Done(Err(Outcome::Stale))
+                unsafe { self.residency.want(req, &self.device, self.limit(), shared) };
+                Work::Done(Err(Outcome::Stale))
             }
         };
-        if req.batch_n > 0 {
-            // a batch without a copy: answered here as it failed
-            let Search::Done(Err(o)) = scan else { unreachable!("only a copy searches") };
-            self.inflight.push(InFlight { slot: i, seq, taken_at, due, work: Work::Done(Err(o)) });
-        } else {
-            self.scans.push(Answering { slot: i, seq, taken_at, due, rows, work: scan });
-        }
+        let due = (req.delay_ms > 0).then(|| now + Duration::from_millis(req.delay_ms as u64));
+        self.inflight.push(InFlight { slot: i, seq, taken_at, due, batch: req.batch_n, copy, work });
         Ok(())
     }
 
-    /// Polls the batches on the device and answers those that are done;
-    /// whether any is still on the device, and whether it answered one.
-    fn progress(&mut self, now: Instant) -> Result<(bool, bool), String> {
-        let (mut on_device, mut answered) = (false, false);
+    /// Polls the searches on the device and answers those that are done;
+    /// whether any is still on the device.
+    fn progress(&mut self, now: Instant) -> Result<bool, String> {
+        let mut on_device = false;
+        // (counted once a pass: an atomic add a look would cost as much as the look)
+        let (mut pending, mut look_ns, mut collect_ns) = (0, 0, 0);
         let mut i = 0;
         while i < self.inflight.len() {
             let f = &mut self.inflight[i];
             let slot = &self.shared.slots()[f.slot];
             if slot.abandoned(f.seq) {
-                // the backend gave up: free the slot
+                // the backend gave up: free the slot (dropping a GPU ticket
+                // abandons its GPU slot too)
                 slot.answer(f.seq);
                 self.inflight.swap_remove(i);
                 continue;
@@ -481,11 +462,30 @@ impl Worker<'_> {
                         let t = Instant::now();
                         area.write(answers.iter().map(|a| a.iter().map(|h| h.1)));
                         add(&c.batch_write_us, t.elapsed().as_micros() as u64);
-                        if let Work::Batch(area, ..) = std::mem::replace(&mut f.work, Work::Done(Ok(()))) {
+                        if let Work::Batch(area, ..) = std::mem::replace(&mut f.work, Work::Done(Ok(Vec::new()))) {
                             self.segment = Some((area, Instant::now()));
                         }
                     }
-                    Err(o) => f.work = Work::Done(Err(failed(self.device, o)?)),
+                    Err(o) => f.work = Work::Done(Err(failed(&self.device, o)?)),
+                }
+            }
+            if let Work::Gpu(p) = &mut f.work {
+                let mark = Mark::now();
+                let polled = self.device.poll(p);
+                // (a look that found it finished collected its answer too)
+                match polled {
+                    Ok(None) => look_ns += mark.ns(),
+                    _ => collect_ns += mark.ns(),
+                }
+                match polled {
+                    Ok(None) => {
+                        pending += 1;
+                        on_device = true;
+                        i += 1;
+                        continue;
+                    }
+                    Ok(Some(hits)) => f.work = Work::Done(Ok(hits)),
+                    Err(o) => f.work = Work::Done(Err(failed(&self.device, o)?)),
                 }
             }
             if f.due.is_some_and(|d| now < d) {
@@ -493,15 +493,70 @@ impl Worker<'_> {
                 continue;
             }
             let f = self.inflight.swap_remove(i);
-            let what = match f.work {
-                Work::Done(Ok(())) => Reply::Batch,
-                Work::Done(Err(o)) => Reply::Failed(o),
-                Work::Batch(..) => unreachable!("answered only when done"),
-            };
-            answerer::answer(self.shared, f.slot, f.seq, f.taken_at, what);
-            answered = true;
+            self.answer(f);
         }
-        Ok((on_device, answered))
+        let c = &self.shared.counters;
+        if pending > 0 {
+            add(&c.polls_pending, pending);
+        }
+        if look_ns + collect_ns > 0 {
+            add(&c.profile.look, look_ns);
+            add(&c.profile.collect, collect_ns);
+        }
+        Ok(on_device)
+    }
+
+    fn answer(&self, f: InFlight) {
+        let mark = Mark::now();
+        let slot = &self.shared.slots()[f.slot];
+        // read before DONE: the backend may free and someone reuse the slot after
+        // SAFETY: the worker holds the slot (WORKING, or ABANDONED if its
+        // backend gave up) under f.seq until `slot.answer` below; only it
+        // touches the request and the reply meanwhile.
+        let (procno, reply) = unsafe { (slot.request().procno, slot.reply_mut()) };
+        let c = &self.shared.counters;
+        // SAFETY: reads the clock; any process may.
+        let now = unsafe { pg_sys::GetCurrentTimestamp() };
+        reply.with_rows = false;
+        match f.work {
+            Work::Done(Ok(_)) if f.batch > 0 => {
+                add(&c.batch_us, (now - f.taken_at).max(0) as u64);
+                reply.n = 0; // the answers are in the batch's segment
+                reply.outcome = Outcome::Answered;
+            }
+            Work::Done(Ok(hits)) => {
+                add(&c.searched, 1);
+                c.latency.search.record(now - f.taken_at);
+                let n = hits.len().min(MAX_HITS);
+                // each node's row and distance from the copy, when its
+                // distances are the pages' and it still follows the log
+                let rows = f.copy.and_then(|id| self.residency.rows(id));
+                let mut with_rows = rows.is_some();
+                for (j, &(dist, node)) in hits[..n].iter().enumerate() {
+                    reply.nodes[j] = node;
+                    match rows.map(|r| r.get(node)) {
+                        Some(Some(row)) => (reply.dists[j], reply.rows[j]) = (dist, row),
+                        _ => with_rows = false,
+                    }
+                }
+                reply.with_rows = with_rows;
+                reply.n = n as u32;
+                reply.outcome = Outcome::Answered;
+            }
+            Work::Done(Err(o)) => {
+                reply.n = 0;
+                reply.outcome = o;
+            }
+            Work::Gpu(_) | Work::Batch(..) => unreachable!("answered only when done"),
+        }
+        reply.answered_at = now;
+        add(&c.answered, 1);
+        mark.lap(&c.profile.reply);
+        if slot.answer(f.seq) {
+            let t = Instant::now();
+            set_latch(procno);
+            add(&c.wake_ns, t.elapsed().as_nanos() as u64);
+        }
     }
 }
 
@@ -535,7 +590,7 @@ fn batch_work(
         Ok(BatchStart::Done(answers)) => {
             area.write(answers.iter().map(|a| a.iter().map(|h| h.1)));
             *kept = Some((area, Instant::now()));
-            Work::Done(Ok(()))
+            Work::Done(Ok(Vec::new()))
         }
         Ok(BatchStart::Pending(b)) => {
             add(&c.batch_start_us, t.elapsed().as_micros() as u64);

@@ -274,7 +274,7 @@ unsafe fn exchange<T>(
     if persistence == pg_sys::RELPERSISTENCE_TEMP || dim > MAX_QUERY_DIM {
         return Err(Outcome::Unfit);
     }
-    super::own_core::keep_off(shared.worker_cores());
+    super::own_core::keep_off(shared.worker_core());
     let claim = Claim::new(shared).ok_or(Outcome::Busy)?;
     let starts = shared.worker_starts.load(Ordering::Acquire);
     // SAFETY: reads the clock; any backend may.

@@ -20,7 +20,7 @@ pub struct GpuSearch {
     server: SearchServer,
     gpu: Gpu,
     /// a batch's prepared queries (cosine, inner product), kept
-    prepared: std::sync::Mutex<Vec<f32>>,
+    prepared: std::cell::RefCell<Vec<f32>>,
 }
 
 pub struct GpuResident {
@@ -57,8 +57,7 @@ fn outcome(e: SearchError) -> Outcome {
             Outcome::Unfit
         }
         SearchError::Timeout | SearchError::Gpu(_) | SearchError::Closed | SearchError::Poisoned(_) => {
-            // (on the answer thread too: logged by the main thread)
-            super::any_thread::log_later(format!("gpu_graph search worker: a GPU request failed: {e}"));
+            pgrx::log!("gpu_graph search worker: a GPU request failed: {e}");
             Outcome::Error
         }
     }
@@ -208,7 +207,7 @@ impl GpuSearch {
         } else {
             // a buffer kept from batch to batch (a fresh one of tens of MB
             // is a page fault every 4 kB)
-            let mut prepared = self.prepared.lock().unwrap_or_else(|e| e.into_inner());
+            let mut prepared = self.prepared.borrow_mut();
             prepared.clear();
             for q in queries.chunks_exact(dim.max(1)) {
                 r.metric.prepare_into(q, &mut prepared);

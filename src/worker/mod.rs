@@ -20,8 +20,6 @@
 //! busy, slow, has no current copy, or fails, the scan searches on the CPU
 //! as it would without it.
 
-mod answerer;
-mod any_thread;
 mod batch_area;
 mod bgworker;
 mod changes;
@@ -41,7 +39,6 @@ mod shmem;
 mod stats;
 
 use crate::latch::{nap, sleep};
-use any_thread::set_latch;
 use pgrx::pg_sys;
 
 pub use changes::{List as ChangedList, PageChange, LIST_IN_LOG, ROW_IN_LOG};
@@ -69,7 +66,7 @@ pub unsafe fn note_changes(
 /// work beside the searches that would take every core, VACUUM's repair.
 pub fn keep_off_worker_core() {
     if let Some(s) = shmem::shared() {
-        own_core::keep_off(s.worker_cores());
+        own_core::keep_off(s.worker_core());
     }
 }
 
@@ -92,4 +89,18 @@ pub fn preload() {
         bgworker::register();
     }
     shmem::install(registered);
+}
+
+/// Wakes the process with this PGPROC number (a stale number wakes some
+/// other process once, which latches allow).
+fn set_latch(procno: i32) {
+    // SAFETY: ProcGlobal and its allProcs array are set up at server start
+    // and live as long as the shared memory; the index is checked against
+    // allProcCount, and SetLatch may be called on any process's latch.
+    unsafe {
+        let global = pg_sys::ProcGlobal;
+        if procno >= 0 && (procno as u32) < (*global).allProcCount {
+            pg_sys::SetLatch(&raw mut (*(*global).allProcs.add(procno as usize)).procLatch);
+        }
+    }
 }

@@ -44,6 +44,8 @@ pub struct Resident {
     /// vectors (not fp16 roundings of a storage = 'f32' index's): its
     /// answers then carry rows and distances
     exact: bool,
+    /// which copy of the index this is (a new copy's nodes may be other rows)
+    pub serial: u64,
 }
 
 impl Resident {
@@ -56,13 +58,17 @@ impl Resident {
     }
 }
 
+/// The copy an answer came from: its rows are given with the answer only
+/// if the same copy is still there, following the log, at answer time.
+#[derive(Clone, Copy)]
+pub struct CopyId {
+    key: Key,
+    serial: u64,
+}
+
 impl Resident {
-    /// The rows an answer from this copy gives with its nodes: None when
-    /// the copy's distances are not the pages' (the backend then reads the
-    /// answer's nodes from the pages). Taken when the search starts on the
-    /// copy, which is then current (see worker::rows).
-    pub fn answer_rows(&self) -> Option<Rows> {
-        self.exact.then(|| self.rows.share())
+    pub fn id(&self) -> CopyId {
+        CopyId { key: self.key, serial: self.serial }
     }
 }
 
@@ -108,6 +114,13 @@ impl Residency {
             }
             _ => Lookup::Stale,
         }
+    }
+
+    /// The rows of copy `id` for an answer from it: None when the copy is
+    /// gone or replaced, lost, or its distances are not the pages' (the
+    /// backend then reads the answer's nodes from the pages).
+    pub fn rows(&self, id: CopyId) -> Option<&Rows> {
+        self.residents.iter().find(|r| r.key == id.key && r.serial == id.serial && !r.lost && r.exact).map(|r| &r.rows)
     }
 
     /// Starts copying the index `req` names, unless a copy is under way.
@@ -315,6 +328,7 @@ impl Residency {
                     lost,
                     rows,
                     exact,
+                    serial: self.clock,
                 });
                 self.unfit.retain(|&(k, _)| k != key);
                 add(&shared.counters.loads, 1);

@@ -12,51 +12,27 @@
 //! the request needed on, is either the one the scan's snapshot knew or one
 //! committed after the request was made: invisible to the scan, and dropped
 //! by the executor's visibility check whatever its distance.
-//!
-//! That is also why the worker's answer thread may read a copy's rows while
-//! its main thread patches them (each row one atomic word), and may answer
-//! from the rows of a copy that was replaced or stopped following the log
-//! after its search started: they are at a state from the request's on.
-
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, RwLock, RwLockReadGuard};
 
 /// Node → row (a heap TID as the pages encode it; 0 for a node not read).
-/// One table a copy; [`Rows::share`] hands the answer thread a reader.
 #[derive(Default)]
-pub struct Rows(Arc<RwLock<Vec<AtomicU64>>>);
+pub struct Rows(Vec<u64>);
 
 impl Rows {
     /// The copy now has `n` nodes (never fewer): the new ones unknown until
     /// their vectors are read.
     pub fn grow(&mut self, n: usize) {
-        let mut t = self.0.write().unwrap_or_else(|e| e.into_inner());
-        if n > t.len() {
-            t.resize_with(n, || AtomicU64::new(0));
+        if n > self.0.len() {
+            self.0.resize(n, 0);
         }
     }
 
     pub fn set(&mut self, node: usize, row: u64) {
-        self.read().0[node].store(row, Ordering::Relaxed);
+        self.0[node] = row;
     }
 
-    /// The same table, for answers from this copy (on the answer thread).
-    pub fn share(&self) -> Rows {
-        Rows(Arc::clone(&self.0))
-    }
-
-    /// The table as it is, for an answer's nodes.
-    pub fn read(&self) -> RowsRead<'_> {
-        RowsRead(self.0.read().unwrap_or_else(|e| e.into_inner()))
-    }
-}
-
-pub struct RowsRead<'a>(RwLockReadGuard<'a, Vec<AtomicU64>>);
-
-impl RowsRead<'_> {
     /// Node `node`'s row; None when it was never read (a row's line pointer
     /// is never 0).
     pub fn get(&self, node: u32) -> Option<u64> {
-        self.0.get(node as usize).map(|r| r.load(Ordering::Relaxed)).filter(|r| r & 0xFFFF != 0)
+        self.0.get(node as usize).copied().filter(|r| r & 0xFFFF != 0)
     }
 }

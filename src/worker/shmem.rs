@@ -27,7 +27,7 @@ pub struct Shared {
     pub worker_starts: AtomicU64,
     /// what the running worker searches with: [`DEVICE_CPU`] or [`DEVICE_GPU`]
     pub worker_device: AtomicU32,
-    /// the cores the worker keeps to itself (own_core::Kept::encode; 0: none)
+    /// the core the worker keeps to itself, plus one (0: none; see `own_core`)
     pub worker_core: AtomicI32,
     pub counters: Counters,
     pub residents: ResidentTable,
@@ -79,9 +79,9 @@ impl Shared {
         }
     }
 
-    /// The cores the worker keeps to itself (own_core::Kept::encode).
-    pub fn worker_cores(&self) -> i32 {
-        self.worker_core.load(Ordering::Relaxed)
+    /// The core the worker keeps to itself, -1 for none.
+    pub fn worker_core(&self) -> i32 {
+        self.worker_core.load(Ordering::Relaxed) - 1
     }
 
     /// The serving worker's pid, when one serves.

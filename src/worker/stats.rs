@@ -15,7 +15,6 @@ use serde::Serialize;
 
 use super::latency::{Histogram, Latencies, LatencyJson};
 use super::outcome::Outcome;
-use super::own_core::Kept;
 use super::profile::{Profile, ProfileJson};
 use super::ring::State;
 use super::shmem::{shared, Shared, DEVICE_CPU, DEVICE_GPU};
@@ -42,14 +41,14 @@ pub struct Counters {
     pub taken: AtomicU64,
     pub answered: AtomicU64,
     pub searched: AtomicU64,
-    /// the worker's main loop passes that took, answered a batch, patched
-    /// or loaded something: their time (ns). Against the wall clock, how
-    /// busy its main thread is (its spinning and its sleep left out)
+    /// the worker's loop passes that took, answered, patched or loaded
+    /// something: their time (ns). Against the wall clock, how busy its one
+    /// thread is (its spinning while searches are on the device, and its
+    /// sleep, left out)
     pub work_ns: AtomicU64,
     /// of that: taking requests and starting their searches (patches
-    /// included); the answer thread's passes that answered (worker::
-    /// answerer), and of all answers the wake-ups (SetLatch: a signal to a
-    /// backend asleep on its latch)
+    /// included), polling the device and answering, and of the answers
+    /// the wake-ups (SetLatch: a signal to a backend asleep on its latch)
     pub take_ns: AtomicU64,
     pub progress_ns: AtomicU64,
     pub wake_ns: AtomicU64,
@@ -315,11 +314,8 @@ struct Ring {
     pid: Option<i32>,
     device: Option<&'static str>,
     starts: u64,
-    /// the cores the worker keeps to its main thread and its answer thread
-    /// (gpu_graph.worker_core)
+    /// the core the worker keeps to itself (gpu_graph.worker_core)
     core: Option<i32>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    answer_core: Option<i32>,
     slots: u32,
     slots_in_use: usize,
 }
@@ -415,8 +411,7 @@ fn ring(s: &Shared) -> Ring {
             _ => None,
         },
         starts: get(&s.worker_starts),
-        core: Some(Kept::decode(s.worker_cores()).0).filter(|&c| c >= 0),
-        answer_core: Some(Kept::decode(s.worker_cores()).1).filter(|&c| c >= 0),
+        core: Some(s.worker_core()).filter(|&c| c >= 0),
         slots: s.nslots,
         slots_in_use: s.slots().iter().filter(|slot| slot.state().1 != State::Free).count(),
     }
@@ -538,8 +533,7 @@ mod tests {
     fn absent_values_are_null_and_the_ring_only_when_preloaded() {
         let alone = Worker { state: "not preloaded", ring: None };
         assert_eq!(serde_json::to_value(alone).unwrap(), json!({"state": "not preloaded"}));
-        let ring =
-            Ring { pid: None, device: None, starts: 1, core: None, answer_core: None, slots: 8, slots_in_use: 0 };
+        let ring = Ring { pid: None, device: None, starts: 1, core: None, slots: 8, slots_in_use: 0 };
         let absent = Worker { state: "absent", ring: Some(ring) };
         assert_eq!(
             serde_json::to_value(absent).unwrap(),

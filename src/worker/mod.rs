@@ -24,6 +24,7 @@ mod batch_area;
 mod bgworker;
 mod changes;
 mod client;
+mod clock;
 mod device;
 mod gpu;
 mod gpu_builds;

@@ -27,7 +27,6 @@ use pgrx::pg_sys;
 use pgrx::prelude::*;
 
 use super::batch_area::Area;
-use super::clock::{self, Tick};
 use super::device::{BatchStart, Device, Handle, Hits, Start};
 use super::gpu::{GpuBatch, GpuPending};
 use super::image::Key;
@@ -133,8 +132,6 @@ pub extern "C-unwind" fn gpu_graph_worker_main(_arg: pg_sys::Datum) {
     for slot in shared.slots() {
         slot.recover();
     }
-    // (10 ms once, before any request waits on it)
-    clock::calibrate();
     let auto_limit = device.auto_limit();
     shared.worker_device.store(device.code(), Ordering::Relaxed);
     keep_core(shared, &device);
@@ -257,14 +254,14 @@ impl Worker {
 
     /// Runs until SIGTERM or a GPU build (Ok), or a device failure (Err).
     fn serve(&mut self) -> Result<Stop, String> {
-        let mut last_work = Tick::now();
-        let mut last_sweep = Tick::now();
+        let mut last_work = Instant::now();
+        let mut last_sweep = Instant::now();
         let on_gpu = matches!(self.device, Device::Gpu(_));
         let spin = if on_gpu { GPU_SPIN } else { Duration::ZERO };
         let shared = self.shared;
         let c = &shared.counters;
         loop {
-            let pass = Tick::now();
+            let pass = Instant::now();
             let (answered, patches) = (c.answered.load(Ordering::Relaxed), c.patches.load(Ordering::Relaxed));
             // SAFETY: as in `sleep`.
             unsafe { pg_sys::ResetLatch(pg_sys::MyLatch) };
@@ -287,15 +284,15 @@ impl Worker {
                     keep_core(shared, &self.device);
                 }
             }
-            if self.segment.as_ref().is_some_and(|(_, since)| since.elapsed() > SEGMENT_KEEP) {
+            if self.segment.as_ref().is_some_and(|(_, since)| pass.saturating_duration_since(*since) > SEGMENT_KEEP) {
                 self.segment = None;
             }
-            // three looks at the cycle counter a busy pass (its start, after
-            // taking, its end; worker::clock)
-            let took = self.take_requests()?;
-            let after_take = Tick::now();
+            // three looks at the clock a busy pass (its start, after taking,
+            // its end): one costs ~140 ns on the GPU machine
+            let took = self.take_requests(pass)?;
+            let after_take = Instant::now();
             if took {
-                add(&c.take_ns, pass.ns_to(after_take));
+                add(&c.take_ns, (after_take - pass).as_nanos() as u64);
             }
             if !took {
                 // idle: the copies take every page written so far, even of
@@ -308,18 +305,18 @@ impl Worker {
                 // SAFETY: the worker's main thread, with a resource owner.
                 unsafe { self.residency.sync(&self.device, self.shared)? };
             }
-            let t = if took { after_take } else { Tick::now() };
+            let t = if took { after_take } else { Instant::now() };
             let answered_before = c.answered.load(Ordering::Relaxed);
-            let on_device = self.progress()?;
+            let on_device = self.progress(t)?;
             // SAFETY: the worker lives on the process's main thread
             // (gpu_graph_worker_main), which has a resource owner.
             let loading = unsafe { self.residency.step(&self.device, self.limit(), self.shared)? };
-            let end = Tick::now();
+            let end = Instant::now();
             if c.answered.load(Ordering::Relaxed) != answered_before {
                 // (a load's step included, when one is under way)
-                add(&c.progress_ns, t.ns_to(end));
+                add(&c.progress_ns, (end - t).as_nanos() as u64);
             }
-            if last_sweep.ns_to(end) >= SWEEP_EVERY.as_nanos() as u64 {
+            if end - last_sweep >= SWEEP_EVERY {
                 // SAFETY: as for the step above.
                 unsafe { self.residency.forget_dropped(&self.device, self.shared) };
                 last_sweep = end;
@@ -329,7 +326,7 @@ impl Worker {
                 || c.answered.load(Ordering::Relaxed) != answered
                 || c.patches.load(Ordering::Relaxed) != patches;
             if worked {
-                add(&c.work_ns, pass.ns_to(end));
+                add(&c.work_ns, (end - pass).as_nanos() as u64);
                 add(&c.passes, 1);
             }
             if took || on_device || loading {
@@ -355,7 +352,7 @@ impl Worker {
     /// follow the change log after the requests are taken and before any
     /// is searched, when one needs changes not read yet: each sees every
     /// change committed before it was submitted.
-    fn take_requests(&mut self) -> Result<bool, String> {
+    fn take_requests(&mut self, now: Instant) -> Result<bool, String> {
         let mut taken = std::mem::take(&mut self.taken);
         taken.clear();
         let prof = &self.shared.counters.profile;
@@ -380,9 +377,10 @@ impl Worker {
             mark = mark.lap(&prof.patch);
         }
         let took = !taken.is_empty();
-        let taken_at = if took { clock::timestamp() } else { 0 };
+        // SAFETY: reads the clock; any process may.
+        let taken_at = if took { unsafe { pg_sys::GetCurrentTimestamp() } } else { 0 };
         for &(i, seq) in &taken {
-            self.start(i, seq, taken_at)?;
+            self.start(i, seq, taken_at, now)?;
         }
         if let Err(o) = self.device.send_held() {
             // the device is lost: the held searches fail when polled
@@ -396,8 +394,8 @@ impl Worker {
     }
 
     /// Starts the search of the request in slot `i`, just taken under `seq`
-    /// at `taken_at` (a TimestampTz).
-    fn start(&mut self, i: usize, seq: u64, taken_at: i64) -> Result<(), String> {
+    /// at `taken_at` (GetCurrentTimestamp) in the pass that began `now`.
+    fn start(&mut self, i: usize, seq: u64, taken_at: i64, now: Instant) -> Result<(), String> {
         let shared = self.shared;
         // SAFETY: take_requests took the slot (WORKING under `seq`): no one
         // writes its request until the worker lets go of it.
@@ -429,14 +427,14 @@ impl Worker {
                 Work::Done(Err(Outcome::Stale))
             }
         };
-        let due = (req.delay_ms > 0).then(|| Instant::now() + Duration::from_millis(req.delay_ms as u64));
+        let due = (req.delay_ms > 0).then(|| now + Duration::from_millis(req.delay_ms as u64));
         self.inflight.push(InFlight { slot: i, seq, taken_at, due, batch: req.batch_n, copy, work });
         Ok(())
     }
 
     /// Polls the searches on the device and answers those that are done;
     /// whether any is still on the device.
-    fn progress(&mut self) -> Result<bool, String> {
+    fn progress(&mut self, now: Instant) -> Result<bool, String> {
         let mut on_device = false;
         // (counted once a pass: an atomic add a look would cost as much as the look)
         let (mut pending, mut look_ns, mut collect_ns) = (0, 0, 0);
@@ -490,7 +488,7 @@ impl Worker {
                     Err(o) => f.work = Work::Done(Err(failed(&self.device, o)?)),
                 }
             }
-            if f.due.is_some_and(|d| Instant::now() < d) {
+            if f.due.is_some_and(|d| now < d) {
                 i += 1;
                 continue;
             }
@@ -517,7 +515,8 @@ impl Worker {
         // touches the request and the reply meanwhile.
         let (procno, reply) = unsafe { (slot.request().procno, slot.reply_mut()) };
         let c = &self.shared.counters;
-        let now = clock::timestamp();
+        // SAFETY: reads the clock; any process may.
+        let now = unsafe { pg_sys::GetCurrentTimestamp() };
         reply.with_rows = false;
         match f.work {
             Work::Done(Ok(_)) if f.batch > 0 => {
@@ -554,9 +553,9 @@ impl Worker {
         add(&c.answered, 1);
         mark.lap(&c.profile.reply);
         if slot.answer(f.seq) {
-            let t = Tick::now();
+            let t = Instant::now();
             set_latch(procno);
-            add(&c.wake_ns, t.ns());
+            add(&c.wake_ns, t.elapsed().as_nanos() as u64);
         }
     }
 }

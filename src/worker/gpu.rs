@@ -9,7 +9,8 @@ use gpu_graph_gpu::search::{
 };
 use gpu_graph_gpu::{Gpu, GpuError};
 
-use super::clock::Tick;
+use std::time::Instant;
+
 use super::device::Hits;
 use super::outcome::Outcome;
 use super::shmem::shared;
@@ -28,7 +29,7 @@ pub struct GpuResident {
 }
 
 /// A query on the GPU and when the worker submitted it.
-pub struct GpuPending(Ticket, Tick);
+pub struct GpuPending(Ticket, Instant);
 
 /// A batch on the GPU: the batch kernel's, or (a small batch) its queries
 /// in the persistent kernel's slots.
@@ -154,7 +155,7 @@ impl GpuSearch {
     /// sends each loop's queries together).
     pub fn submit(&self, r: &GpuResident, query: &[f32], k: usize, ef: usize) -> Result<GpuPending, Outcome> {
         let k = k.min(self.server.info().k_max);
-        let t = Tick::now();
+        let t = Instant::now();
         self.server.submit_held(r.id, &r.metric.prepare_query(query), k, ef).map(|q| GpuPending(q, t)).map_err(outcome)
     }
 
@@ -173,7 +174,7 @@ impl GpuSearch {
             l.kernel.record(us(t.span_ns));
             l.kernel_start.record(us(t.start_ns));
             l.kernel_steps.record(t.steps as i64);
-            l.transport.record((p.1.ns() / 1000) as i64 - us(t.span_ns));
+            l.transport.record(p.1.elapsed().as_micros() as i64 - us(t.span_ns));
         }
         Ok(Some(a.hits))
     }

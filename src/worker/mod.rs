@@ -24,7 +24,6 @@ mod batch_area;
 mod bgworker;
 mod changes;
 mod client;
-mod clock;
 mod device;
 mod gpu;
 mod gpu_builds;

@@ -2,8 +2,7 @@
 //! server runs with GPU_GRAPH_WORKER_PROFILE=1 in its environment (for
 //! benchmarks: each part costs two reads of the cycle counter, ~15 ns, at
 //! every look at a search still on the device as well). The GPU machine has
-//! no profiler; the clock (~140 ns a read there) is too dear for it
-//! (worker::clock).
+//! no profiler; the clock (~140 ns a read there) is too dear for it.
 //!
 //! Parts: scanning the ring's slots for requests, patching the copies the
 //! requests taken need (those a pass with requests makes), starting each
@@ -14,8 +13,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
-
-use super::clock::Tick;
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
@@ -66,24 +64,49 @@ pub struct ProfileJson {
     reply_ms: f64,
 }
 
-/// Whether the worker is profiled (GPU_GRAPH_WORKER_PROFILE=1).
-fn profiled() -> bool {
-    static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| std::env::var("GPU_GRAPH_WORKER_PROFILE").ok().as_deref() == Some("1"))
+/// Nanoseconds a cycle-counter tick, when profiling (measured once).
+static NS_PER_TICK: OnceLock<Option<f64>> = OnceLock::new();
+
+fn ns_per_tick() -> Option<f64> {
+    *NS_PER_TICK.get_or_init(|| {
+        if std::env::var("GPU_GRAPH_WORKER_PROFILE").ok().as_deref() != Some("1") {
+            return None;
+        }
+        let (t0, c0) = (Instant::now(), ticks());
+        std::thread::sleep(Duration::from_millis(20));
+        let (ns, c) = (t0.elapsed().as_nanos() as f64, ticks().wrapping_sub(c0));
+        (c > 0).then(|| ns / c as f64)
+    })
+}
+
+fn ticks() -> u64 {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: RDTSC has no preconditions on x86-64.
+    unsafe {
+        core::arch::x86_64::_rdtsc()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        static T0: OnceLock<Instant> = OnceLock::new();
+        T0.get_or_init(Instant::now).elapsed().as_nanos() as u64
+    }
 }
 
 /// A span being timed: None when not profiling.
 #[derive(Clone, Copy)]
-pub struct Mark(Option<Tick>);
+pub struct Mark(Option<u64>);
 
 impl Mark {
     pub fn now() -> Mark {
-        Mark(profiled().then(Tick::now))
+        Mark(ns_per_tick().map(|_| ticks()))
     }
 
     /// Nanoseconds since the mark (0 when not profiling).
     pub fn ns(self) -> u64 {
-        self.0.map_or(0, Tick::ns)
+        match (self.0, ns_per_tick()) {
+            (Some(t0), Some(ns)) => (ticks().wrapping_sub(t0) as f64 * ns) as u64,
+            _ => 0,
+        }
     }
 
     /// Adds the time since the mark to `part`; a new mark.

@@ -2,7 +2,7 @@
 //! server runs with GPU_GRAPH_WORKER_PROFILE=1 in its environment (for
 //! benchmarks: each part costs two reads of the cycle counter, ~15 ns, at
 //! every look at a search still on the device as well). The GPU machine has
-//! no profiler; the clock (~140 ns a read there) is too dear for it.
+//! no profiler, and the cycle counter costs less than the clock.
 //!
 //! Parts: scanning the ring's slots for requests, patching the copies the
 //! requests taken need (those a pass with requests makes), starting each

@@ -87,8 +87,7 @@ impl Health {
     /// poison at once, the clock (and so the driver) only every
     /// [`POLLS_PER_LOOK`]th such poll of this thread. The worker polls
     /// every query in flight in each pass of its loop, and a clock read
-    /// (~140 ns on the GPU machine) is several times such a poll's load of
-    /// a mapped word.
+    /// is several times such a poll's load of a mapped word.
     pub fn check_polled(&self, kernel: &Kernel) -> Result<(), SearchError> {
         thread_local!(static POLLS: Cell<u32> = const { Cell::new(0) });
         if let Some(why) = self.poisoned() {

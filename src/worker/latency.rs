@@ -16,11 +16,67 @@ use serde::Serialize;
 /// also holds everything longer (2^19.9 µs, about 0.9 s).
 const BUCKETS: usize = 160;
 
-#[repr(C)]
+/// A histogram on cache lines of its own (PostgreSQL's 128 bytes: two
+/// lines, for the adjacent-line prefetch): with 161 words, histograms side
+/// by side shared a line, the worker's `search` sum with the first buckets
+/// of `wake`, which every backend that polled its answer increments.
+#[repr(C, align(128))]
 pub struct Histogram {
     counts: [AtomicU64; BUCKETS],
     /// the exact sum of what was recorded (µs), for the mean
     sum: AtomicU64,
+}
+
+/// Shards of the histograms and counters that every backend writes at
+/// every scan: with one copy, 64 backends on 16 cores incremented the same
+/// few words (the round trip's sum, the bucket of an answer seen while
+/// polling) hundreds of thousands of times a second, each increment
+/// waiting for the line to come from another core.
+pub const SHARDS: usize = 16;
+
+/// This process's shard: its PGPROC number's remainder.
+pub fn shard() -> usize {
+    static SHARD: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(usize::MAX);
+    let s = SHARD.load(Ordering::Relaxed);
+    if s != usize::MAX {
+        return s;
+    }
+    // SAFETY: MyProc is this process's PGPROC (or null before it has one);
+    // reading its number calls nothing.
+    let procno = unsafe { pgrx::pg_sys::MyProc.as_ref().map_or(0, |p| p.pgprocno.max(0) as usize) };
+    let s = procno % SHARDS;
+    SHARD.store(s, Ordering::Relaxed);
+    s
+}
+
+/// A histogram that backends record into, one shard each ([`shard`]).
+#[repr(C)]
+pub struct BackendHistogram {
+    shards: [Histogram; SHARDS],
+}
+
+impl BackendHistogram {
+    pub const fn new() -> BackendHistogram {
+        BackendHistogram { shards: [const { Histogram::new() }; SHARDS] }
+    }
+
+    pub fn record(&self, us: i64) {
+        self.shards[shard()].record(us);
+    }
+
+    pub fn sum_count(&self) -> (u64, u64) {
+        self.shards.iter().map(Histogram::sum_count).fold((0, 0), |(s, n), (a, b)| (s + a, n + b))
+    }
+
+    pub fn percentiles(&self) -> Option<Percentiles> {
+        let mut counts = vec![0u64; BUCKETS];
+        for h in &self.shards {
+            for (c, b) in counts.iter_mut().zip(&h.counts) {
+                *c += b.load(Ordering::Relaxed);
+            }
+        }
+        percentiles_of(&counts)
+    }
 }
 
 impl Histogram {
@@ -43,21 +99,25 @@ impl Histogram {
     /// upper bound); None when empty.
     pub fn percentiles(&self) -> Option<Percentiles> {
         let counts: Vec<u64> = self.counts.iter().map(|c| c.load(Ordering::Relaxed)).collect();
-        let n: u64 = counts.iter().sum();
-        if n == 0 {
-            return None;
-        }
-        let at = |p: f64| {
-            let want = ((p * n as f64).ceil() as u64).max(1);
-            let mut seen = 0;
-            let b = counts.iter().position(|&c| {
-                seen += c;
-                seen >= want
-            });
-            upper(b.unwrap_or(BUCKETS - 1))
-        };
-        Some(Percentiles { count: n, p50: at(0.50), p90: at(0.90), p99: at(0.99) })
+        percentiles_of(&counts)
     }
+}
+
+fn percentiles_of(counts: &[u64]) -> Option<Percentiles> {
+    let n: u64 = counts.iter().sum();
+    if n == 0 {
+        return None;
+    }
+    let at = |p: f64| {
+        let want = ((p * n as f64).ceil() as u64).max(1);
+        let mut seen = 0;
+        let b = counts.iter().position(|&c| {
+            seen += c;
+            seen >= want
+        });
+        upper(b.unwrap_or(BUCKETS - 1))
+    };
+    Some(Percentiles { count: n, p50: at(0.50), p90: at(0.90), p99: at(0.99) })
 }
 
 fn bucket(us: u64) -> usize {
@@ -91,12 +151,12 @@ pub struct Latencies {
     /// taken → answered (answers with results)
     pub search: Histogram,
     /// answered → the backend reading the answer (its latch wake-up)
-    pub wake: Histogram,
+    pub wake: BackendHistogram,
     /// the backend taking the answer's rows: from the reply, or re-read
     /// from the pages where the copy's distances are not theirs
-    pub verify: Histogram,
+    pub verify: BackendHistogram,
     /// submitted → answer read, as the backend sees it
-    pub roundtrip: Histogram,
+    pub roundtrip: BackendHistogram,
     /// GPU: the first CTA taking the query → the last one's hits written
     pub kernel: Histogram,
     /// GPU: a CTA taking the query → its start absorbed (the slowest CTA)
@@ -112,9 +172,9 @@ impl Latencies {
         Latencies {
             queue: Histogram::new(),
             search: Histogram::new(),
-            wake: Histogram::new(),
-            verify: Histogram::new(),
-            roundtrip: Histogram::new(),
+            wake: BackendHistogram::new(),
+            verify: BackendHistogram::new(),
+            roundtrip: BackendHistogram::new(),
             kernel: Histogram::new(),
             kernel_start: Histogram::new(),
             kernel_steps: Histogram::new(),

@@ -13,16 +13,27 @@ use pgrx::prelude::*;
 use pgrx::{pg_sys, JsonB};
 use serde::Serialize;
 
-use super::latency::{Histogram, Latencies, LatencyJson};
+use super::latency::{shard, Latencies, LatencyJson, SHARDS};
 use super::outcome::Outcome;
 use super::profile::{Profile, ProfileJson};
 use super::ring::State;
 use super::shmem::{shared, Shared, DEVICE_CPU, DEVICE_GPU};
 
+/// Per-scan counts of a shard of backends, on cache lines of their own
+/// (latency::SHARDS says why).
+#[repr(C, align(128))]
+struct OutcomeCounts([AtomicU64; Outcome::ALL.len()]);
+
+/// Puts the next field at the start of a cache line (PostgreSQL's 128
+/// bytes): the worker's counters apart from those the backends write.
+#[repr(C, align(128))]
+struct LineBreak;
+
 #[repr(C)]
 pub struct Counters {
-    /// scans that asked the worker, by [`Outcome`]: answered, or why not
-    outcomes: [AtomicU64; Outcome::ALL.len()],
+    /// scans that asked the worker, by [`Outcome`]: answered, or why not;
+    /// a shard of backends each (latency::shard)
+    outcomes: [OutcomeCounts; SHARDS],
     /// scans whose first round was searched on the CPU (not asking the
     /// worker, or after a fallback)
     pub scans_cpu: AtomicU64,
@@ -36,6 +47,7 @@ pub struct Counters {
     /// searched on the CPU (not asking it, or no answer)
     pub inserts_worker: AtomicU64,
     pub inserts_cpu: AtomicU64,
+    _worker_side: LineBreak,
     /// worker side: requests taken, answers given (any status), answers
     /// with results (their times: `latency`)
     pub taken: AtomicU64,
@@ -104,14 +116,20 @@ pub struct Counters {
 }
 
 impl Counters {
+    /// Scans that asked the worker with this outcome, every shard's.
+    fn outcome(&self, o: Outcome) -> u64 {
+        self.outcomes.iter().map(|s| get(&s.0[o.index()])).sum()
+    }
+
     const fn new() -> Counters {
         Counters {
-            outcomes: [const { AtomicU64::new(0) }; Outcome::ALL.len()],
+            outcomes: [const { OutcomeCounts([const { AtomicU64::new(0) }; Outcome::ALL.len()]) }; SHARDS],
             scans_cpu: AtomicU64::new(0),
             cpu_after_worker: AtomicU64::new(0),
             scans_reread: AtomicU64::new(0),
             inserts_worker: AtomicU64::new(0),
             inserts_cpu: AtomicU64::new(0),
+            _worker_side: LineBreak,
             taken: AtomicU64::new(0),
             answered: AtomicU64::new(0),
             searched: AtomicU64::new(0),
@@ -163,7 +181,7 @@ pub fn add(c: &AtomicU64, n: u64) {
 /// scan searched on the CPU.
 pub fn record(outcome: Outcome) {
     let c = counters();
-    add(&c.outcomes[outcome.index()], 1);
+    add(&c.outcomes[shard()].0[outcome.index()], 1);
     if outcome != Outcome::Answered {
         add(&c.scans_cpu, 1);
     }
@@ -262,8 +280,7 @@ impl ResidentJson {
 }
 
 /// A histogram's exact mean, as [`mean`].
-fn mean_of(h: &Histogram) -> Option<f64> {
-    let (sum, n) = h.sum_count();
+fn mean_of((sum, n): (u64, u64)) -> Option<f64> {
     mean(sum, n)
 }
 
@@ -425,7 +442,7 @@ COMMENT ON FUNCTION gpu_graph_worker_stats() IS
 ")]
 fn gpu_graph_worker_stats() -> JsonB {
     let c = counters();
-    let (scans_worker, taken, loads) = (get(&c.outcomes[Outcome::Answered.index()]), get(&c.taken), get(&c.loads));
+    let (scans_worker, taken, loads) = (c.outcome(Outcome::Answered), get(&c.taken), get(&c.loads));
     let stats = WorkerStats {
         scope: if shared().is_some() { "cluster" } else { "backend" },
         worker: Worker { state: worker_state(), ring: shared().map(ring) },
@@ -436,14 +453,14 @@ fn gpu_graph_worker_stats() -> JsonB {
             reread: get(&c.scans_reread),
         },
         inserts: Inserts { worker: get(&c.inserts_worker), cpu: get(&c.inserts_cpu) },
-        fallbacks: Outcome::ALL[1..].iter().map(|&o| (o.name(), get(&c.outcomes[o.index()]))).collect(),
+        fallbacks: Outcome::ALL[1..].iter().map(|&o| (o.name(), c.outcome(o))).collect(),
         requests: Requests {
             taken,
             answered: get(&c.answered),
             searched: get(&c.searched),
-            mean_queue_us: mean_of(&c.latency.queue),
-            mean_search_us: mean_of(&c.latency.search),
-            mean_roundtrip_us: mean_of(&c.latency.roundtrip),
+            mean_queue_us: mean_of(c.latency.queue.sum_count()),
+            mean_search_us: mean_of(c.latency.search.sum_count()),
+            mean_roundtrip_us: mean_of(c.latency.roundtrip.sum_count()),
             work_ms: get(&c.work_ns) as f64 / 1e6,
             take_ms: get(&c.take_ns) as f64 / 1e6,
             progress_ms: get(&c.progress_ns) as f64 / 1e6,

@@ -115,6 +115,9 @@ pub struct Counters {
     pub latency: Latencies,
 }
 
+// the worker's counters start a line of their own
+const _: () = assert!(std::mem::offset_of!(Counters, taken).is_multiple_of(128));
+
 impl Counters {
     /// Scans that asked the worker with this outcome, every shard's.
     fn outcome(&self, o: Outcome) -> u64 {

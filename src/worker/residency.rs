@@ -45,7 +45,7 @@ pub struct Resident {
     /// answers then carry rows and distances
     exact: bool,
     /// which copy of the index this is (a new copy's nodes may be other rows)
-    pub serial: u64,
+    serial: u64,
 }
 
 impl Resident {
@@ -104,10 +104,10 @@ impl Residency {
         match self.residents.iter_mut().find(|r| r.key == key) {
             // a copy newer than the backend's view is as good: rows the
             // backend cannot see are filtered by the executor's visibility
-            // check (worker::rows). So is one that
-            // follows the log and has every change committed before the
-            // request: an insert in progress may have moved the generation
-            // on already. A lost copy does neither.
+            // check (worker::rows). So is one that follows the log and has
+            // every change committed before the request: an insert in
+            // progress may have moved the generation on already. A lost
+            // copy does neither.
             Some(r) if !r.lost && (r.generation >= generation || followed) => {
                 r.used = self.clock;
                 Lookup::Ready(r)

@@ -72,3 +72,14 @@ pub fn init_rayon() {
         let _ = rayon::ThreadPoolBuilder::new().start_handler(|_| block_signals()).build_global();
     });
 }
+
+/// A rayon pool of `threads` threads (at least one), each blocking every
+/// signal, for one command's computation (`install` runs it there; nothing
+/// that calls into PostgreSQL).
+pub fn pool(threads: usize) -> rayon::ThreadPool {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads.max(1))
+        .start_handler(|_| block_signals())
+        .build()
+        .unwrap_or_else(|e| pgrx::error!("gpu_graph: cannot start {threads} threads: {e}"))
+}

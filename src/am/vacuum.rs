@@ -1,8 +1,9 @@
 //! VACUUM: ambulkdelete marks the nodes of dead heap TIDs deleted (so no scan
 //! can return them from then on, before the heap reuses those TIDs), then the
-//! engine's repair reconnects the lists that pointed at them (on all cores
-//! from a copy of the graph when it fits in maintenance_work_mem) and frees
-//! them for reuse; amvacuumcleanup reports statistics.
+//! engine's repair reconnects the lists that pointed at them (on
+//! max_parallel_maintenance_workers + 1 threads, one in autovacuum, from a
+//! copy of the graph when it fits in maintenance_work_mem) and frees them
+//! for reuse; amvacuumcleanup reports statistics.
 
 use gpu_graph_engine::flat::FlatIndex;
 use gpu_graph_engine::repair;
@@ -32,9 +33,11 @@ pub unsafe extern "C-unwind" fn ambulkdelete(
     callback: pg_sys::IndexBulkDeleteCallback,
     callback_state: *mut std::ffi::c_void,
 ) -> *mut pg_sys::IndexBulkDeleteResult {
-    // the repair's threads (every core) off the search worker's, which
-    // serves the scans meanwhile
+    // the repair's threads off the search worker's core, which serves the
+    // scans meanwhile
     crate::worker::keep_off_worker_core();
+    // (whatever else of VACUUM runs on rayon's global pool: its threads
+    // block signals)
     crate::threads::init_rayon();
     // SAFETY: VACUUM calls ambulkdelete with `info` naming the open, locked
     // gpu_graph index and `stats` NULL or its earlier result; `callback` with
@@ -87,9 +90,27 @@ pub unsafe extern "C-unwind" fn ambulkdelete(
 /// most one batch.
 const REPAIR_BATCH: usize = 16_384;
 
-/// The engine's repair of the lists that named `deleted`: computed on all
-/// cores from an in-memory copy of the graph where that copy fits in
-/// maintenance_work_mem, else list by list through the buffers.
+/// The repair's threads: as many as a parallel index build of PostgreSQL
+/// may take (max_parallel_maintenance_workers and the leader), one in an
+/// autovacuum worker (which PostgreSQL never runs in parallel). On every
+/// core, VACUUM's repair took the cores of the scans it ran beside (the
+/// delete loop of tests/gpu/worker-writes.sh, docs/benchmarks.md); a
+/// session that wants it faster raises max_parallel_maintenance_workers.
+fn repair_threads() -> usize {
+    // SAFETY: plain reads of this process's settings and type.
+    unsafe {
+        if pg_sys::MyBackendType == pg_sys::BackendType::B_AUTOVAC_WORKER {
+            1
+        } else {
+            pg_sys::max_parallel_maintenance_workers.max(0) as usize + 1
+        }
+    }
+}
+
+/// The engine's repair of the lists that named `deleted`: computed on
+/// [`repair_threads`] threads from an in-memory copy of the graph where
+/// that copy fits in maintenance_work_mem, else list by list through the
+/// buffers (on this thread).
 fn repair_deleted(store: &PageStore, meta: &Meta, deleted: &[u32]) {
     let n = store.node_count() as usize;
     let bytes = FlatIndex::bytes_for(n, store.layout.stored_dim, store.layout.degree);
@@ -98,7 +119,8 @@ fn repair_deleted(store: &PageStore, meta: &Meta, deleted: &[u32]) {
     let copy = (bytes <= budget).then(|| store.snapshot(meta.metric())).flatten();
     match copy {
         Some(copy) => {
-            repair::repair_from(store, &copy, deleted, REPAIR_BATCH, &mut || {
+            let pool = crate::threads::pool(repair_threads());
+            repair::repair_from(store, &copy, deleted, REPAIR_BATCH, Some(&pool), &mut || {
                 pg_sys::check_for_interrupts!();
                 // SAFETY: VACUUM's own process, between batches.
                 unsafe { pg_sys::vacuum_delay_point() };

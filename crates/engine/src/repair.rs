@@ -47,10 +47,11 @@ pub fn repair<G: GraphMut>(store: &G, deleted: &[u32]) -> RepairStats {
             stats.repaired += 1;
         }
     }
-    finish(store, &dead, stats, Walk::ByList)
+    finish(store, &dead, stats, Walk::ByList, None)
 }
 
-/// [`repair`] with every new list computed on all cores from `snapshot` (a
+/// [`repair`] with every new list computed on `pool`'s threads (None:
+/// rayon's current pool, all cores by default) from `snapshot` (a
 /// copy of `store`'s graph taken after the deleted nodes were marked),
 /// `batch` lists at a time with `between_batches` called between (where a
 /// caller checks for a cancel). Nodes added to `store` after the snapshot
@@ -60,6 +61,7 @@ pub fn repair_from<G: GraphMut, S: GraphView + Sync>(
     snapshot: &S,
     deleted: &[u32],
     batch: usize,
+    pool: Option<&rayon::ThreadPool>,
     between_batches: &mut dyn FnMut(),
 ) -> RepairStats {
     let dead: IdSet = deleted.iter().copied().collect();
@@ -71,31 +73,33 @@ pub fn repair_from<G: GraphMut, S: GraphView + Sync>(
     for start in (0..n).step_by(batch.max(1)) {
         between_batches();
         let end = (start + batch as u32).min(n);
-        let plans: Vec<(u32, Vec<u32>, Vec<u32>)> = (start..end)
-            .into_par_iter()
-            .filter_map(|v| {
-                if dead.contains(&v) {
-                    return None;
-                }
-                let mut current = Vec::new();
-                snapshot.neighbors(v, &mut current);
-                if !current.iter().any(|u| dead.contains(u)) {
-                    return None;
-                }
-                let mut own = Vec::new();
-                snapshot.visit(v, |x| {
-                    own.extend_from_slice(x);
-                    0.0
-                })?;
-                let ids = candidates(snapshot, v, &current, &dead);
-                let list = Candidates::collect_nearest(snapshot, &own, ids, CANDIDATE_FACTOR * degree)
-                    .keep(filter, order, CANDIDATE_FACTOR * degree, degree)
-                    .iter()
-                    .map(|k| k.0)
-                    .collect();
-                Some((v, current, list))
-            })
-            .collect();
+        let plans: Vec<(u32, Vec<u32>, Vec<u32>)> = in_pool(pool, || {
+            (start..end)
+                .into_par_iter()
+                .filter_map(|v| {
+                    if dead.contains(&v) {
+                        return None;
+                    }
+                    let mut current = Vec::new();
+                    snapshot.neighbors(v, &mut current);
+                    if !current.iter().any(|u| dead.contains(u)) {
+                        return None;
+                    }
+                    let mut own = Vec::new();
+                    snapshot.visit(v, |x| {
+                        own.extend_from_slice(x);
+                        0.0
+                    })?;
+                    let ids = candidates(snapshot, v, &current, &dead);
+                    let list = Candidates::collect_nearest(snapshot, &own, ids, CANDIDATE_FACTOR * degree)
+                        .keep(filter, order, CANDIDATE_FACTOR * degree, degree)
+                        .iter()
+                        .map(|k| k.0)
+                        .collect();
+                    Some((v, current, list))
+                })
+                .collect()
+        });
         let written = store.replace_many_if(&plans);
         for ((v, _, _), ok) in plans.iter().zip(written) {
             if ok || rebuild(store, *v, &dead) {
@@ -111,11 +115,26 @@ pub fn repair_from<G: GraphMut, S: GraphView + Sync>(
             stats.repaired += 1;
         }
     }
-    finish(store, &dead, stats, Walk::InMemory)
+    finish(store, &dead, stats, Walk::InMemory, pool)
+}
+
+/// Runs `f`, computation only (the store is the caller's thread's), on
+/// `pool`'s threads, or in rayon's current pool.
+fn in_pool<R: Send>(pool: Option<&rayon::ThreadPool>, f: impl FnOnce() -> R + Send) -> R {
+    match pool {
+        Some(p) => p.install(f),
+        None => f(),
+    }
 }
 
 /// Moves the entry point off the dead nodes and frees them.
-fn finish<G: GraphMut>(store: &G, dead: &IdSet, mut stats: RepairStats, walk: Walk) -> RepairStats {
+fn finish<G: GraphMut>(
+    store: &G,
+    dead: &IdSet,
+    mut stats: RepairStats,
+    walk: Walk,
+    pool: Option<&rayon::ThreadPool>,
+) -> RepairStats {
     move_entry(store, dead);
     // only nodes this call frees (a free slot visits as None)
     let mut free: Vec<u32> =
@@ -123,7 +142,7 @@ fn finish<G: GraphMut>(store: &G, dead: &IdSet, mut stats: RepairStats, walk: Wa
     free.sort_unstable();
     store.free_many(&free);
     stats.freed = free.len() as u64;
-    stats.relinked = relink(store, walk) as u64;
+    stats.relinked = relink_in(store, walk, pool) as u64;
     stats
 }
 
@@ -168,6 +187,12 @@ const RELINK_ROUNDS: usize = 8;
 /// once they go (the rebuilt lists of others need not name it). At degree
 /// 8, a fifth then a third of 10k rows deleted left 21 such nodes.
 pub fn relink<G: GraphMut>(store: &G, walk: Walk) -> usize {
+    relink_in(store, walk, None)
+}
+
+/// [`relink`] with an in-memory walk on `pool`'s threads (None: rayon's
+/// current pool).
+pub fn relink_in<G: GraphMut>(store: &G, walk: Walk, pool: Option<&rayon::ThreadPool>) -> usize {
     let Some(entry) = store.entry() else { return 0 };
     let (n, degree) = (store.node_count() as usize, store.degree());
     let mut linked = 0;
@@ -176,7 +201,10 @@ pub fn relink<G: GraphMut>(store: &G, walk: Walk) -> usize {
         let mut starts = vec![entry];
         store.seeds(&mut starts);
         let seen = match walk {
-            Walk::InMemory => reach_lists(&store.adjacency(), degree, &starts),
+            Walk::InMemory => {
+                let adjacency = store.adjacency();
+                in_pool(pool, || reach_lists(&adjacency, degree, &starts))
+            }
             Walk::ByList => reach_store(store, &starts),
         };
         let reached = |u: u32| seen.get(u as usize) == Some(&true);

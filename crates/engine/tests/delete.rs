@@ -44,14 +44,30 @@ fn delete_the_fifth_nearest_one_point() {
 #[test]
 fn delete_a_random_fifth_from_a_snapshot() {
     let (base, queries) = sift(N);
-    delete_and_repair_with(&base, &queries, random_fifth(), true);
+    delete_and_repair_with(&base, &queries, random_fifth(), Some(None));
+}
+
+/// The same on a pool of two threads (VACUUM's, sized by
+/// max_parallel_maintenance_workers).
+#[test]
+fn delete_a_random_fifth_from_a_snapshot_on_two_threads() {
+    let (base, queries) = sift(N);
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap();
+    delete_and_repair_with(&base, &queries, random_fifth(), Some(Some(&pool)));
 }
 
 fn delete_and_repair(base: &Matrix<f32>, queries: &Matrix<f32>, dead: IdSet) {
-    delete_and_repair_with(base, queries, dead, false);
+    delete_and_repair_with(base, queries, dead, None);
 }
 
-fn delete_and_repair_with(base: &Matrix<f32>, queries: &Matrix<f32>, mut dead: IdSet, snapshot: bool) {
+/// `snapshot`: None, repaired through the store; Some(pool), from a
+/// snapshot on that pool (None: rayon's global one).
+fn delete_and_repair_with(
+    base: &Matrix<f32>,
+    queries: &Matrix<f32>,
+    mut dead: IdSet,
+    snapshot: Option<Option<&rayon::ThreadPool>>,
+) {
     let n = base.len();
     let store = build_store(Metric::L2, base, &BuildParams::default());
     // the entry point goes too, so repair has to move it
@@ -61,10 +77,10 @@ fn delete_and_repair_with(base: &Matrix<f32>, queries: &Matrix<f32>, mut dead: I
     for &d in &deleted {
         store.mark_deleted(d);
     }
-    let stats = if snapshot {
+    let stats = if let Some(pool) = snapshot {
         let copy = FlatIndex::snapshot(Metric::L2, &store).unwrap();
         let mut batches = 0;
-        let stats = repair_from(&store, &copy, &deleted, 4096, &mut || batches += 1);
+        let stats = repair_from(&store, &copy, &deleted, 4096, pool, &mut || batches += 1);
         assert_eq!(batches, N.div_ceil(4096));
         stats
     } else {

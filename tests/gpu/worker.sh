@@ -119,7 +119,9 @@ for got in sys.argv[1:3]:
     print(f'{sum(len(set(g.split(\",\")) & e) for g, e in zip(got.split(\";\"), ex)) / (10 * len(ex)):.3f}')" "$via_gpu" "$via_cpu" "$exact" | paste -sd' ')
 echo "  100 scans: $served served by the worker, $reread of them read from the pages; recall@10 worker / CPU: $recalls"
 [ "$served" = 100 ] && [ "$reread" = 100 ] || fail "the f32 index's scans: $served served, $reread read again (want 100 and 100)"
-python3 -c "import sys; g, c = map(float, sys.argv[1:]); sys.exit(g < c - 0.01 or c < 0.9)" $recalls ||
+# (c: the CPU scan's, a floor that says the answers mean something; it read
+# 0.897-0.934 on H200 builds of this 50k-row index at ef_search 20)
+python3 -c "import sys; g, c = map(float, sys.argv[1:]); sys.exit(g < c - 0.01 or c < 0.85)" $recalls ||
   fail "the f32 index's recall through the worker / the CPU: $recalls"
 q -c "DROP TABLE f32items"
 

@@ -62,6 +62,20 @@ dups=$(q -c "SET enable_seqscan = off" -c "
 n=$(q -c "SET enable_seqscan = off" -c "
   SELECT count(*) FROM (SELECT id FROM items ORDER BY v <-> '{0.5,0.5,0.5,0.5,0.5,0.5,0.5,0.5}' LIMIT 1000000) s")
 [ "$dups" = 0 ] && [ "$n" = "$rows" ] || fail "a full scan returned $n rows ($dups duplicates) for $rows rows"
+# VACUUM reports the repair at DEBUG1: the nodes it freed, on
+# max_parallel_maintenance_workers + 1 threads (INDEX_CLEANUP ON: so few
+# dead rows would let VACUUM skip the indexes)
+for workers in 0 3; do
+  q -c "DELETE FROM items WHERE id IN (SELECT id FROM items ORDER BY id LIMIT 50)"
+  report=$(q -c "SET client_min_messages = debug1" -c "SET max_parallel_maintenance_workers = $workers" \
+    -c "VACUUM (INDEX_CLEANUP ON) items" 2>&1 | grep 'gpu_graph index' || true)
+  echo "  ${report#*DEBUG:  }"
+  threads=$((workers + 1))
+  [[ "$report" == *"\"items_idx\": 50 deleted nodes freed, "*" on $threads thread"* ]] ||
+    fail "VACUUM VERBOSE with max_parallel_maintenance_workers = $workers reported: ${report:-nothing}"
+done
+rows=$(q -c "SELECT count(*) FROM items")
+
 # and the index is whole: lists, the free chain the VACUUMs built while
 # inserts reused its slots, every live node reachable, every heap TID used
 problems=$(q -c "SELECT count(*) FROM gpu_graph_verify('items_idx')")

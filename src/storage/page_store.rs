@@ -469,6 +469,31 @@ impl PageStore {
         Some(ix)
     }
 
+    /// VACUUM's repair's copy: every list (`adjacency`, this store's,
+    /// n × degree) and the vectors and flags of the `wanted` nodes, the
+    /// others free; read page by page, a page with no wanted node not at
+    /// all (engine::repair::needed says which).
+    pub fn snapshot_of(&self, metric: Metric, adjacency: Vec<u32>, wanted: &[bool]) -> Option<FlatIndex> {
+        let (sd, degree) = (self.layout.stored_dim, self.layout.degree);
+        let mut ix = FlatIndex::try_sparse(metric, sd, degree, adjacency, self.entry())?;
+        let n = ix.len().min(wanted.len());
+        let mut v = 0;
+        while v < n {
+            if !wanted[v] {
+                v += 1;
+                continue;
+            }
+            let end = v + wanted[v..n].iter().take_while(|&&w| w).count();
+            self.for_each_tuple(v as u32..end as u32, &mut |u, t| {
+                let u = u as usize;
+                ix.flags[u] = t.header.flags as u8;
+                t.vector.copy_to(&mut ix.vectors[u * sd..(u + 1) * sd]);
+            });
+            v = end;
+        }
+        Some(ix)
+    }
+
     /// Rewrites a node's stored vector in place (payload and flags stay).
     pub fn put_vector(&self, node: u32, stored: &[f32]) {
         assert_eq!(stored.len(), self.layout.stored_dim);

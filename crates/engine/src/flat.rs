@@ -52,6 +52,28 @@ impl FlatIndex {
         })
     }
 
+    /// Every node free, with `adjacency` (n × `degree`) as its lists, its
+    /// vectors zero and not yet touched (the memory is the system's zero
+    /// pages until a vector is written): a copy of some nodes of a store,
+    /// each written in place with its flags. None when the memory cannot be
+    /// had.
+    pub fn try_sparse(
+        metric: Metric,
+        stored_dim: usize,
+        degree: usize,
+        adjacency: Vec<u32>,
+        entry: Option<u32>,
+    ) -> Option<FlatIndex> {
+        let n = adjacency.len() / degree.max(1);
+        Some(FlatIndex {
+            metric,
+            stored_dim,
+            vectors: try_zeroed(n * stored_dim)?,
+            flags: try_filled(n, node::FREE)?,
+            graph: Graph { degree, adjacency, entry },
+        })
+    }
+
     /// A copy of `store`'s vectors, flags and lists (VACUUM's repair reads
     /// it on all cores); None when the memory cannot be had.
     pub fn snapshot<G: GraphView>(metric: Metric, store: &G) -> Option<FlatIndex> {
@@ -89,6 +111,22 @@ impl FlatIndex {
     pub fn vector(&self, node: u32) -> &[f32] {
         let i = node as usize * self.stored_dim;
         &self.vectors[i..i + self.stored_dim]
+    }
+}
+
+/// `n` zeros from a zeroed allocation: large ones are fresh pages of the
+/// system's, touched (and so paid for) only where written.
+fn try_zeroed(n: usize) -> Option<Vec<f32>> {
+    let layout = std::alloc::Layout::array::<f32>(n).ok()?;
+    if layout.size() == 0 {
+        return Some(Vec::new());
+    }
+    // SAFETY: a layout of non-zero size; the pointer, when not null, is an
+    // allocation of the global allocator with that layout, holding n f32
+    // zeros (all-zero bits are 0.0), which the Vec then owns.
+    unsafe {
+        let p = std::alloc::alloc_zeroed(layout) as *mut f32;
+        (!p.is_null()).then(|| Vec::from_raw_parts(p, n, n))
     }
 }
 

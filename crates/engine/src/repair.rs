@@ -118,6 +118,49 @@ pub fn repair_from<G: GraphMut, S: GraphView + Sync>(
     finish(store, &dead, stats, Walk::InMemory, pool)
 }
 
+/// The nodes whose vectors [`repair_from`] reads from its snapshot, by the
+/// lists alone (`adjacency`: n × `degree`, padded with NO_NODE, as the
+/// snapshot will hold them): every live node whose list names one of
+/// `deleted`, and its [`candidates`]. A snapshot with every list but only
+/// these vectors repairs as one of the whole index: the vectors of a
+/// VACUUM with few deletes are a small share of the index's.
+pub fn needed(adjacency: &[u32], degree: usize, deleted: &[u32], pool: Option<&rayon::ThreadPool>) -> Vec<bool> {
+    let n = adjacency.len() / degree.max(1);
+    let dead: IdSet = deleted.iter().copied().collect();
+    let neighbors = |v: u32, out: &mut Vec<u32>| {
+        out.clear();
+        if (v as usize) < n {
+            let l = &adjacency[v as usize * degree..(v as usize + 1) * degree];
+            out.extend(l.iter().copied().take_while(|&u| u != crate::NO_NODE));
+        }
+    };
+    let each: Vec<Vec<u32>> = in_pool(pool, || {
+        (0..n as u32)
+            .into_par_iter()
+            .filter_map(|v| {
+                if dead.contains(&v) {
+                    return None;
+                }
+                let mut list = Vec::new();
+                neighbors(v, &mut list);
+                if !list.iter().any(|u| dead.contains(u)) {
+                    return None;
+                }
+                let mut ids = candidates_by(&neighbors, degree, v, &list, &dead);
+                ids.push(v);
+                Some(ids)
+            })
+            .collect()
+    });
+    let mut want = vec![false; n];
+    for u in each.into_iter().flatten() {
+        if let Some(w) = want.get_mut(u as usize) {
+            *w = true;
+        }
+    }
+    want
+}
+
 /// Runs `f`, computation only (the store is the caller's thread's), on
 /// `pool`'s threads, or in rayon's current pool.
 fn in_pool<R: Send>(pool: Option<&rayon::ThreadPool>, f: impl FnOnce() -> R + Send) -> R {
@@ -325,7 +368,18 @@ fn rebuild<G: GraphMut>(store: &G, v: u32, dead: &IdSet) -> bool {
 /// recall a delete costs; more steps cost time and buy nothing (measured in
 /// docs/benchmarks.md, "VACUUM's repair").
 fn candidates<G: GraphView>(store: &G, v: u32, list: &[u32], dead: &IdSet) -> Vec<u32> {
-    let limit = MAX_CANDIDATES * store.degree();
+    candidates_by(&|u, out: &mut Vec<u32>| store.neighbors(u, out), store.degree(), v, list, dead)
+}
+
+/// [`candidates`] with the lists read through `neighbors`.
+fn candidates_by(
+    neighbors: &dyn Fn(u32, &mut Vec<u32>),
+    degree: usize,
+    v: u32,
+    list: &[u32],
+    dead: &IdSet,
+) -> Vec<u32> {
+    let limit = MAX_CANDIDATES * degree;
     let mut seen = IdSet::default();
     seen.insert(v);
     let mut out = Vec::new();
@@ -346,7 +400,7 @@ fn candidates<G: GraphView>(store: &G, v: u32, list: &[u32], dead: &IdSet) -> Ve
             if out.len() >= limit {
                 break 'chains;
             }
-            store.neighbors(d, &mut buf);
+            neighbors(d, &mut buf);
             for &w in &buf {
                 if seen.insert(w) {
                     if dead.contains(&w) {

@@ -8,11 +8,12 @@ use gpu_graph_engine::flat::FlatIndex;
 use gpu_graph_engine::idset::IdSet;
 use gpu_graph_engine::insert::insert;
 use gpu_graph_engine::metric::Metric;
+use gpu_graph_engine::node;
 use gpu_graph_engine::params::BuildParams;
 use gpu_graph_engine::recall::exact_knn;
-use gpu_graph_engine::repair::{repair, repair_from};
+use gpu_graph_engine::repair::{needed, repair, repair_from};
 use gpu_graph_engine::search::search;
-use gpu_graph_engine::store::{GraphMut, GraphView};
+use gpu_graph_engine::store::{GraphMut, GraphView, Visit};
 
 const N: usize = 20_000;
 
@@ -44,7 +45,7 @@ fn delete_the_fifth_nearest_one_point() {
 #[test]
 fn delete_a_random_fifth_from_a_snapshot() {
     let (base, queries) = sift(N);
-    delete_and_repair_with(&base, &queries, random_fifth(), Some(None));
+    delete_and_repair_with(&base, &queries, random_fifth(), Copy::Whole(None));
 }
 
 /// The same on a pool of two threads (VACUUM's, sized by
@@ -53,21 +54,90 @@ fn delete_a_random_fifth_from_a_snapshot() {
 fn delete_a_random_fifth_from_a_snapshot_on_two_threads() {
     let (base, queries) = sift(N);
     let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap();
-    delete_and_repair_with(&base, &queries, random_fifth(), Some(Some(&pool)));
+    delete_and_repair_with(&base, &queries, random_fifth(), Copy::Whole(Some(&pool)));
+}
+
+/// From a copy of every list but only the vectors `needed` names (VACUUM's):
+/// the repair reads no other (the copy panics if it does), and the graph
+/// comes out as whole as from a copy of everything. A few deletes, whose
+/// copy holds a small share of the vectors, and a fifth of the rows.
+#[test]
+fn delete_a_few_from_the_needed_vectors() {
+    let (base, queries) = sift(N);
+    let mut rng = Rng(0xfe3);
+    let few: IdSet = (0..40).map(|_| rng.below(N) as u32).collect();
+    delete_and_repair_with(&base, &queries, few, Copy::Needed);
+}
+
+#[test]
+fn delete_a_random_fifth_from_the_needed_vectors() {
+    let (base, queries) = sift(N);
+    delete_and_repair_with(&base, &queries, random_fifth(), Copy::Needed);
 }
 
 fn delete_and_repair(base: &Matrix<f32>, queries: &Matrix<f32>, dead: IdSet) {
-    delete_and_repair_with(base, queries, dead, None);
+    delete_and_repair_with(base, queries, dead, Copy::None);
 }
 
-/// `snapshot`: None, repaired through the store; Some(pool), from a
-/// snapshot on that pool (None: rayon's global one).
-fn delete_and_repair_with(
-    base: &Matrix<f32>,
-    queries: &Matrix<f32>,
-    mut dead: IdSet,
-    snapshot: Option<Option<&rayon::ThreadPool>>,
-) {
+/// What the repair reads the graph from.
+enum Copy<'a> {
+    /// the store itself, list by list
+    None,
+    /// a copy of everything, on that pool (None: rayon's global one)
+    Whole(Option<&'a rayon::ThreadPool>),
+    /// a copy of every list and of the vectors `needed` names
+    Needed,
+}
+
+/// A copy that panics when asked for a node's vector it was not given.
+struct Strict {
+    copy: FlatIndex,
+    wanted: Vec<bool>,
+}
+
+impl GraphView for Strict {
+    fn stored_dim(&self) -> usize {
+        self.copy.stored_dim()
+    }
+    fn degree(&self) -> usize {
+        self.copy.degree()
+    }
+    fn node_count(&self) -> u32 {
+        self.copy.node_count()
+    }
+    fn entry(&self) -> Option<u32> {
+        self.copy.entry()
+    }
+    fn visit<F: FnOnce(&[f32]) -> f32>(&self, node: u32, dist: F) -> Option<Visit> {
+        assert!(self.wanted[node as usize], "the repair read node {node}'s vector, which `needed` did not name");
+        self.copy.visit(node, dist)
+    }
+    fn neighbors(&self, node: u32, out: &mut Vec<u32>) {
+        self.copy.neighbors(node, out)
+    }
+}
+
+/// `store`'s lists and the `wanted` nodes' vectors and flags (VACUUM's
+/// PageStore::snapshot_of, over any store).
+fn needed_copy(store: &impl GraphView, deleted: &[u32]) -> Strict {
+    let adjacency = store.adjacency();
+    let wanted = needed(&adjacency, store.degree(), deleted, None);
+    let sd = store.stored_dim();
+    let mut copy = FlatIndex::try_sparse(Metric::L2, sd, store.degree(), adjacency, store.entry()).unwrap();
+    for v in (0..wanted.len()).filter(|&v| wanted[v]) {
+        let row = &mut copy.vectors[v * sd..(v + 1) * sd];
+        if let Some(x) = store.visit(v as u32, |x| {
+            row.copy_from_slice(x);
+            0.0
+        }) {
+            copy.flags[v] = if x.deleted { node::DELETED } else { node::LIVE };
+        }
+    }
+    Strict { copy, wanted }
+}
+
+/// How a delete is repaired (`snapshot`), then every check.
+fn delete_and_repair_with(base: &Matrix<f32>, queries: &Matrix<f32>, mut dead: IdSet, snapshot: Copy) {
     let n = base.len();
     let store = build_store(Metric::L2, base, &BuildParams::default());
     // the entry point goes too, so repair has to move it
@@ -77,15 +147,23 @@ fn delete_and_repair_with(
     for &d in &deleted {
         store.mark_deleted(d);
     }
-    let stats = if let Some(pool) = snapshot {
-        let copy = FlatIndex::snapshot(Metric::L2, &store).unwrap();
-        let mut batches = 0;
-        let stats = repair_from(&store, &copy, &deleted, 4096, pool, &mut || batches += 1);
-        assert_eq!(batches, N.div_ceil(4096));
-        stats
-    } else {
-        repair(&store, &deleted)
+    let mut batches = 0;
+    let stats = match snapshot {
+        Copy::None => repair(&store, &deleted),
+        Copy::Whole(pool) => {
+            let copy = FlatIndex::snapshot(Metric::L2, &store).unwrap();
+            repair_from(&store, &copy, &deleted, 4096, pool, &mut || batches += 1)
+        }
+        Copy::Needed => {
+            let copy = needed_copy(&store, &deleted);
+            let share = copy.wanted.iter().filter(|&&w| w).count() as f64 / n as f64;
+            println!("the copy holds {:.1}% of the vectors", share * 100.0);
+            repair_from(&store, &copy, &deleted, 4096, None, &mut || batches += 1)
+        }
     };
+    if !matches!(snapshot, Copy::None) {
+        assert_eq!(batches, N.div_ceil(4096));
+    }
     println!("{stats:?}");
     assert_eq!(stats.freed as usize, deleted.len());
     assert!(stats.repaired > 0);

@@ -2,8 +2,9 @@
 //! can return them from then on, before the heap reuses those TIDs), then the
 //! engine's repair reconnects the lists that pointed at them (on
 //! max_parallel_maintenance_workers + 1 threads, one in autovacuum, from a
-//! copy of the graph when it fits in maintenance_work_mem) and frees them
-//! for reuse; amvacuumcleanup reports statistics.
+//! copy of every list and of the vectors it reads when that fits in
+//! maintenance_work_mem) and frees them for reuse; amvacuumcleanup reports
+//! statistics.
 
 use gpu_graph_engine::repair;
 use gpu_graph_engine::store::GraphView;

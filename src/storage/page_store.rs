@@ -454,19 +454,11 @@ impl PageStore {
         }
     }
 
-    /// A copy of the whole graph for VACUUM's repair, read page by page.
+    /// A copy of the whole graph, read page by page.
     pub fn snapshot(&self, metric: Metric) -> Option<FlatIndex> {
-        let (sd, degree, n) = (self.layout.stored_dim, self.layout.degree, self.node_count() as usize);
-        let mut ix = FlatIndex::try_free(metric, sd, degree, n, self.entry())?;
-        ix.graph.adjacency = self.adjacency();
-        ix.graph.adjacency.truncate(n * degree);
-        self.for_each_tuple(0..n as u32, &mut |v, t| {
-            let v = v as usize;
-            // the page's flags are the engine's node flags, widened
-            ix.flags[v] = t.header.flags as u8;
-            t.vector.copy_to(&mut ix.vectors[v * sd..(v + 1) * sd]);
-        });
-        Some(ix)
+        let adjacency = self.adjacency();
+        let all = vec![true; adjacency.len() / self.layout.degree.max(1)];
+        self.snapshot_of(metric, adjacency, &all)
     }
 
     /// VACUUM's repair's copy: every list (`adjacency`, this store's,

@@ -72,7 +72,7 @@ for workers in 0 3; do
   echo "  ${report#*DEBUG:  }"
   threads=$((workers + 1))
   [[ "$report" == *"\"items_idx\": 50 deleted nodes freed, "*" on $threads thread"* ]] ||
-    fail "VACUUM VERBOSE with max_parallel_maintenance_workers = $workers reported: ${report:-nothing}"
+    fail "VACUUM with max_parallel_maintenance_workers = $workers reported: ${report:-nothing}"
 done
 rows=$(q -c "SELECT count(*) FROM items")
 

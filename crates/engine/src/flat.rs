@@ -74,14 +74,26 @@ impl FlatIndex {
         })
     }
 
-    /// A copy of `store`'s vectors, flags and lists (VACUUM's repair reads
-    /// it on all cores); None when the memory cannot be had.
+    /// A copy of `store`'s vectors, flags and lists; None when the memory
+    /// cannot be had.
     pub fn snapshot<G: GraphView>(metric: Metric, store: &G) -> Option<FlatIndex> {
-        let (sd, degree, n) = (store.stored_dim(), store.degree(), store.node_count() as usize);
-        let mut ix = FlatIndex::try_free(metric, sd, degree, n, store.entry())?;
-        ix.graph.adjacency = store.adjacency();
-        ix.graph.adjacency.truncate(n * degree);
-        for node in 0..n {
+        let adjacency = store.adjacency();
+        let all = vec![true; adjacency.len() / store.degree().max(1)];
+        FlatIndex::snapshot_of(metric, store, adjacency, &all)
+    }
+
+    /// A copy of `store`'s lists (`adjacency`, as [`GraphView::adjacency`]
+    /// read them) and of the `wanted` nodes' vectors and flags, the others
+    /// free (VACUUM's repair: engine::repair::needed says which it reads).
+    pub fn snapshot_of<G: GraphView>(
+        metric: Metric,
+        store: &G,
+        adjacency: Vec<u32>,
+        wanted: &[bool],
+    ) -> Option<FlatIndex> {
+        let sd = store.stored_dim();
+        let mut ix = FlatIndex::try_sparse(metric, sd, store.degree(), adjacency, store.entry())?;
+        for node in (0..ix.len().min(wanted.len())).filter(|&v| wanted[v]) {
             let row = &mut ix.vectors[node * sd..(node + 1) * sd];
             let Some(v) = store.visit(node as u32, |x| {
                 row.copy_from_slice(x);

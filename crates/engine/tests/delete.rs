@@ -8,7 +8,6 @@ use gpu_graph_engine::flat::FlatIndex;
 use gpu_graph_engine::idset::IdSet;
 use gpu_graph_engine::insert::insert;
 use gpu_graph_engine::metric::Metric;
-use gpu_graph_engine::node;
 use gpu_graph_engine::params::BuildParams;
 use gpu_graph_engine::recall::exact_knn;
 use gpu_graph_engine::repair::{needed, repair, repair_from};
@@ -117,22 +116,11 @@ impl GraphView for Strict {
     }
 }
 
-/// `store`'s lists and the `wanted` nodes' vectors and flags (VACUUM's
-/// PageStore::snapshot_of, over any store).
+/// `store`'s lists and the vectors `needed` names, as VACUUM copies them.
 fn needed_copy(store: &impl GraphView, deleted: &[u32]) -> Strict {
     let adjacency = store.adjacency();
     let wanted = needed(&adjacency, store.degree(), deleted, None);
-    let sd = store.stored_dim();
-    let mut copy = FlatIndex::try_sparse(Metric::L2, sd, store.degree(), adjacency, store.entry()).unwrap();
-    for v in (0..wanted.len()).filter(|&v| wanted[v]) {
-        let row = &mut copy.vectors[v * sd..(v + 1) * sd];
-        if let Some(x) = store.visit(v as u32, |x| {
-            row.copy_from_slice(x);
-            0.0
-        }) {
-            copy.flags[v] = if x.deleted { node::DELETED } else { node::LIVE };
-        }
-    }
+    let copy = FlatIndex::snapshot_of(Metric::L2, store, adjacency, &wanted).unwrap();
     Strict { copy, wanted }
 }
 

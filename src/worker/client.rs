@@ -31,7 +31,6 @@ use pgrx::pg_sys;
 
 use super::batch_area::Area;
 use super::outcome::Outcome;
-use super::own_answer::{self, Own};
 use super::ring::{Reply, Request, Slot, MAX_HITS, MAX_QUERY_DIM};
 use super::shmem::{shared, Shared};
 use super::stats::{add, counters, record, record_batch_fallback};
@@ -130,9 +129,8 @@ pub unsafe fn insert_neighbours(index: pg_sys::Relation, meta: &Meta, stored: &[
     // SAFETY: `index` is open (the caller's contract). Not in the scans'
     // latencies: a wider beam than theirs.
     let nodes = unsafe {
-        exchange(index, meta, stored.len(), ef, Patience { timeout, poll: false }, fill, |answered, _| match answered {
-            Answered::Reply(reply) => reply.nodes[..reply.n as usize].to_vec(),
-            Answered::Own(own) => own.hits.iter().map(|h| h.1).collect(),
+        exchange(index, meta, stored.len(), ef, Patience { timeout, poll: false }, fill, |reply, _| {
+            reply.nodes[..reply.n as usize].to_vec()
         })
     }
     .inspect_err(|o| {
@@ -222,43 +220,23 @@ unsafe fn ask(index: pg_sys::Relation, meta: &Meta, query: &[f32], ef: usize) ->
     let fill = |r: &mut Request| r.query[..query.len()].copy_from_slice(query);
     // SAFETY: the caller's contract.
     unsafe {
-        exchange(index, meta, query.len(), ef, Patience { timeout, poll: true }, fill, |answered, submitted_at| {
+        exchange(index, meta, query.len(), ef, Patience { timeout, poll: true }, fill, |reply, submitted_at| {
             // SAFETY: reads the clock; any backend may.
             let now = pg_sys::GetCurrentTimestamp();
             let c = counters();
             c.latency.roundtrip.record(now - submitted_at);
+            c.latency.wake.record(now - reply.answered_at);
+            let n = reply.n as usize;
+            let nodes = &reply.nodes[..n];
             // nodes allocated after the scan read the meta page hold rows
             // its snapshot cannot see (as in `verify`)
-            let seen = |node: u32| node < meta.node_count;
-            match answered {
-                Answered::Reply(reply) => {
-                    c.latency.wake.record(now - reply.answered_at);
-                    let n = reply.n as usize;
-                    let nodes = &reply.nodes[..n];
-                    let hits = reply.with_rows.then(|| {
-                        (0..n)
-                            .filter(|&j| seen(nodes[j]))
-                            .map(|j| Hit { dist: reply.dists[j], node: nodes[j], payload: reply.rows[j] })
-                            .collect()
-                    });
-                    Replied { nodes: nodes.to_vec(), hits }
-                }
-                Answered::Own(own) => {
-                    // read where the GPU wrote it: no wake-up
-                    c.latency.wake.record(0);
-                    own_answer::record_kernel(&own);
-                    let nodes = own.hits.iter().map(|h| h.1).collect();
-                    // a row the copy never read (0): the pages tell
-                    let hits = own.hits.iter().all(|h| h.2 & 0xFFFF != 0).then(|| {
-                        own.hits
-                            .iter()
-                            .filter(|h| seen(h.1))
-                            .map(|&(dist, node, payload)| Hit { dist, node, payload })
-                            .collect()
-                    });
-                    Replied { nodes, hits }
-                }
-            }
+            let hits = reply.with_rows.then(|| {
+                (0..n)
+                    .filter(|&j| nodes[j] < meta.node_count)
+                    .map(|j| Hit { dist: reply.dists[j], node: nodes[j], payload: reply.rows[j] })
+                    .collect()
+            });
+            Replied { nodes: nodes.to_vec(), hits }
         })
     }
 }
@@ -271,15 +249,8 @@ struct Patience {
     poll: bool,
 }
 
-/// How a request was answered: the worker's reply, or the answer the
-/// backend read where the GPU wrote it (worker::own_answer).
-enum Answered<'a> {
-    Reply(&'a Reply),
-    Own(Own),
-}
-
 /// Claims a slot, fills its request (`fill` the query part), submits and
-/// waits as `patience` says; `read` takes what it needs of the answer.
+/// waits as `patience` says; `read` takes what it needs of an answered reply.
 ///
 /// # Safety
 /// `index` must be an open index relation.
@@ -290,7 +261,7 @@ unsafe fn exchange<T>(
     ef: usize,
     patience: Patience,
     fill: impl FnOnce(&mut Request),
-    read: impl FnOnce(Answered<'_>, i64) -> T,
+    read: impl FnOnce(&Reply, i64) -> T,
 ) -> Result<T, Outcome> {
     let shared = shared().ok_or(Outcome::Absent)?;
     shared.worker().ok_or(Outcome::Absent)?;
@@ -335,20 +306,11 @@ unsafe fn exchange<T>(
     }
     claim.slot.submit(claim.seq);
     set_latch(shared.worker_procno.load(Ordering::Acquire));
-    if let Some(own) = wait(shared, &claim, starts, patience)? {
-        return match own {
-            Ok(own) => Ok(read(Answered::Own(own), submitted_at)),
-            Err(why) => {
-                pgrx::log!("gpu_graph: an answer read from the answer area made no sense: {why}");
-                Err(Outcome::Error)
-            }
-        };
-    }
-    // SAFETY: wait returned Ok(None): the slot is DONE under the claim's
-    // sequence number.
+    wait(shared, &claim, starts, patience)?;
+    // SAFETY: wait returned Ok: the slot is DONE under the claim's sequence number.
     let reply = unsafe { claim.slot.reply() };
     match reply.outcome {
-        Outcome::Answered => Ok(read(Answered::Reply(reply), submitted_at)),
+        Outcome::Answered => Ok(read(reply, submitted_at)),
         other => Err(other),
     }
 }
@@ -461,20 +423,12 @@ pub fn verify_nodes(store: &PageStore, meta: &Meta, query: &[f32], nodes: &[u32]
     verify(store, meta, &[query], |_| nodes).pop().map(|a| a.hits).unwrap_or_default()
 }
 
-/// Waits until the slot is answered, the timeout passes or the worker is
-/// gone: Ok(None) when the worker's reply is in the slot (DONE), Ok(Some)
-/// when the scan read its answer where the GPU wrote it (worker::own_answer).
-/// Interrupts are served while it sleeps: a cancel raises its ERROR here and
-/// the claim lets go of the slot as the ERROR unwinds.
-fn wait(
-    shared: &Shared,
-    claim: &Claim,
-    starts: u64,
-    patience: Patience,
-) -> Result<Option<Result<Own, String>>, Outcome> {
+/// Sleeps on the latch until the slot is answered, the timeout passes or the
+/// worker is gone. Interrupts are served while waiting: a cancel raises its
+/// ERROR here and the claim lets go of the slot as the ERROR unwinds.
+fn wait(shared: &Shared, claim: &Claim, starts: u64, patience: Patience) -> Result<(), Outcome> {
     let Patience { timeout, poll } = patience;
     let t0 = Instant::now();
-    let done = || claim.slot.state() == (claim.seq, super::ring::State::Done);
     // gpu_graph.worker_spin: a scan polls first, yielding its core between
     // two looks. An answer seen so needs no signal from the worker
     // (SetLatch signals only a process asleep on its latch) and no sleep and
@@ -484,30 +438,19 @@ fn wait(
     // with yields 108.6k / 146.2k / 161.9k / 159.9k queries/s at 16 / 24 /
     // 32 / 64 clients, against 102-103k / 103k polling without them and
     // 110k / 120-123k sleeping at once (polling without yields, another
-    // call: 106k at 32 clients, 65k at 64). While it polls, a scan reads
-    // its answer on the GPU itself. Inserts and batches sleep at once.
+    // call: 106k at 32 clients, 65k at 64). Inserts and batches sleep at
+    // once.
     let spin = if poll { Duration::from_micros(WORKER_SPIN.get().max(0) as u64) } else { Duration::ZERO };
     while t0.elapsed() < spin {
-        if done() {
-            return Ok(None);
-        }
-        if let Some(own) = own_answer::take(shared, claim.slot, claim.seq, starts) {
-            return Ok(Some(own));
+        if claim.slot.state() == (claim.seq, super::ring::State::Done) {
+            return Ok(());
         }
         // SAFETY: no arguments; lets another runnable thread have the core.
         unsafe { libc::sched_yield() };
     }
-    // asleep from now on: the worker answers (and wakes) this request
-    claim.slot.sleep(claim.seq);
-    if poll {
-        // the GPU may have finished before the worker saw the sleep
-        if let Some(own) = own_answer::take(shared, claim.slot, claim.seq, starts) {
-            return Ok(Some(own));
-        }
-    }
     loop {
-        if done() {
-            return Ok(None);
+        if claim.slot.state() == (claim.seq, super::ring::State::Done) {
+            return Ok(());
         }
         // a worker that exits wakes its waiters; one that restarted will not
         // answer what the old one took

@@ -23,21 +23,6 @@
 //! backends may still wait) and frees ABANDONED ones: the old worker is gone
 //! and will not answer them.
 //!
-//! A scan's search on the GPU can be collected by the scan itself
-//! (worker::own_answer): the worker publishes where the answer will be (its
-//! route) and leaves it to the backend while that one polls.
-//!
-//! ```text
-//! WORKING --backend sees the GPU finished--> COLLECTING --read--> COLLECTED --worker frees the GPU slot--> FREE
-//!    |
-//!    +-- backend asleep (it said so), the GPU finished --> ANSWERING (worker) --answer--> DONE
-//! ```
-//!
-//! One compare-and-swap out of WORKING decides who reads the answer (the
-//! backend's to COLLECTING, the worker's to ANSWERING or DONE), so the
-//! worker never frees the GPU slot under a backend reading it. A backend
-//! that gives up in ANSWERING leaves it ABANDONED, as in WORKING.
-//!
 //! The slots are a fixed ring; a backend looks for a free one starting at
 //! its own PGPROC number, so concurrent claims seldom meet.
 
@@ -46,7 +31,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::outcome::Outcome;
 use crate::gucs::EF_SEARCH_MAX;
-use gpu_graph_gpu::search::answers::Route;
 
 /// The most dimensions a query through the worker has (its slot's size and
 /// the search kernel's limit); wider ones search on the CPU.
@@ -64,9 +48,6 @@ pub enum State {
     Working = 3,
     Done = 4,
     Abandoned = 5,
-    Collecting = 6,
-    Collected = 7,
-    Answering = 8,
 }
 
 impl State {
@@ -77,9 +58,6 @@ impl State {
             2 => State::Submitted,
             3 => State::Working,
             4 => State::Done,
-            6 => State::Collecting,
-            7 => State::Collected,
-            8 => State::Answering,
             _ => State::Abandoned,
         }
     }
@@ -152,14 +130,6 @@ pub struct Reply {
 #[repr(C, align(64))]
 pub struct Slot {
     word: AtomicU64,
-    /// the sequence number whose `route` the worker has published
-    route_seq: AtomicU64,
-    /// the sequence number of the request whose backend sleeps on its latch
-    /// (the worker then answers it)
-    asleep: AtomicU64,
-    /// where the GPU writes the answer (written by the worker before it
-    /// publishes `route_seq`)
-    route: UnsafeCell<Route>,
     request: UnsafeCell<Request>,
     reply: UnsafeCell<Reply>,
 }
@@ -215,10 +185,8 @@ impl Slot {
             let to = match state {
                 _ if s != seq => return, // let go of already
                 State::Filling | State::Submitted | State::Done => State::Free,
-                State::Working | State::Answering => State::Abandoned,
-                // (a backend that read its answer: the worker frees the slot)
-                State::Collecting => State::Collected,
-                State::Free | State::Abandoned | State::Collected => return,
+                State::Working => State::Abandoned,
+                State::Free | State::Abandoned => return,
             };
             if self.cas(seq, state, to) {
                 return;
@@ -269,81 +237,24 @@ impl Slot {
         self.state() == (seq, State::Abandoned)
     }
 
-    /// Worker: WORKING (or ANSWERING) → DONE after writing the reply; true
-    /// when the backend still waits (wake it). An abandoned slot is freed
-    /// instead.
+    /// Worker: WORKING → DONE after writing the reply; true when the backend
+    /// still waits (wake it). An abandoned slot is freed instead.
     pub fn answer(&self, seq: u64) -> bool {
-        if self.cas(seq, State::Working, State::Done) || self.cas(seq, State::Answering, State::Done) {
+        if self.cas(seq, State::Working, State::Done) {
             return true;
         }
         self.cas(seq, State::Abandoned, State::Free);
         false
     }
 
-    /// Worker, in WORKING: where the GPU will write request `seq`'s answer,
-    /// for its backend to read there.
-    pub fn publish(&self, seq: u64, route: Route) {
-        // SAFETY: only the worker writes the route, in WORKING, before the
-        // release store below; a backend reads it only after an acquire
-        // load of that store under its own sequence number.
-        unsafe { *self.route.get() = route };
-        self.route_seq.store(seq, Ordering::Release);
-    }
-
-    /// Backend: the route the worker published for request `seq`.
-    pub fn route(&self, seq: u64) -> Option<Route> {
-        // SAFETY: published under `seq` (acquire): written before, and not
-        // again while the slot is this request's.
-        (self.route_seq.load(Ordering::Acquire) == seq).then(|| unsafe { *self.route.get() })
-    }
-
-    /// Backend: WORKING → COLLECTING; true when the backend now reads the
-    /// answer itself (the worker will not touch it until COLLECTED).
-    pub fn collect(&self, seq: u64) -> bool {
-        self.cas(seq, State::Working, State::Collecting)
-    }
-
-    /// Backend: COLLECTING → COLLECTED, the answer read.
-    pub fn collected(&self, seq: u64) {
-        self.word.store(word(seq, State::Collected), Ordering::Release);
-    }
-
-    /// Backend: about to sleep on its latch until the worker answers.
-    pub fn sleep(&self, seq: u64) {
-        // (SeqCst: ordered before the backend's next look at the state)
-        self.asleep.store(seq, Ordering::SeqCst);
-    }
-
-    /// Worker: whether the backend of request `seq` sleeps (or will).
-    pub fn asleep(&self, seq: u64) -> bool {
-        self.asleep.load(Ordering::SeqCst) == seq
-    }
-
-    /// Worker: WORKING → ANSWERING, before it reads the answer of a request
-    /// whose backend could read it too; false when the backend has.
-    pub fn answering(&self, seq: u64) -> bool {
-        self.cas(seq, State::Working, State::Answering)
-    }
-
-    /// Worker: COLLECTED → FREE once the GPU slot is free again.
-    pub fn free_collected(&self, seq: u64) -> bool {
-        self.cas(seq, State::Collected, State::Free)
-    }
-
-    /// A starting worker, before its device (and answer area) is set up:
-    /// requests the previous worker took are queued again, abandoned and
-    /// collected ones freed, and a backend reading its answer is let finish.
+    /// A starting worker: requests the previous worker took are queued again,
+    /// abandoned ones freed.
     pub fn recover(&self) {
-        self.route_seq.store(0, Ordering::Release);
         loop {
             let (seq, state) = self.state();
             let done = match state {
-                State::Working | State::Answering => self.cas(seq, state, State::Submitted),
-                State::Abandoned | State::Collected => self.cas(seq, state, State::Free),
-                State::Collecting => {
-                    std::hint::spin_loop();
-                    false
-                }
+                State::Working => self.cas(seq, State::Working, State::Submitted),
+                State::Abandoned => self.cas(seq, State::Abandoned, State::Free),
                 _ => true,
             };
             if done {

@@ -86,7 +86,6 @@
 //!
 //! Measurements of plans and throughput: docs/benchmarks.md.
 
-pub mod answers;
 pub mod batch;
 mod doorbell;
 mod health;

@@ -9,6 +9,9 @@
 #   max    inserts as fast as INSERT_CLIENTS (16) take them: the ceiling
 #   del    1000 inserts/s, 1000 deletes/s and VACUUM (INDEX_CLEANUP ON:
 #          the index is vacuumed however few rows died) in a loop
+#   sideN  N inserts/s of the same rows into another table, without the
+#          index: what writes cost the searches that the index and its
+#          copy do not
 # For each: queries/s, p99 latency, writes/s and their mean latency, scans
 # served by the worker and those that went to the CPU (as out of date, and
 # for any reason), the pages patched into its copy, the share of the
@@ -100,6 +103,8 @@ cat >$w/insert.sql <<'SQL'
 INSERT INTO items SELECT -nextval('new_ids'), (SELECT array_agg(x + (random() * 0.5)::real) FROM unnest(v) x)
   FROM queries WHERE id = :rid;
 SQL
+sed 's/INSERT INTO items/INSERT INTO side_items/' $w/insert.sql >$w/insert_side.sql
+q -c "DROP TABLE IF EXISTS side_items" -c "CREATE TABLE side_items (LIKE items)"
 cat >$w/delete.sql <<'SQL'
 WITH d AS (DELETE FROM items WHERE id = (SELECT max(id) FROM items WHERE id < 0 AND id > -1000000000) RETURNING id)
 INSERT INTO deleted_ids SELECT id FROM d;
@@ -217,6 +222,9 @@ for c in ${CLIENTS:-64}; do
         >"$w/writes_$name.log" 2>&1 &
         writers+=($!)
         (end=$((SECONDS + secs)); n=0; while [ $SECONDS -lt $end ]; do q -c "VACUUM (INDEX_CLEANUP ON) items"; n=$((n + 1)); done; echo $n >$w/vacuums) &
+        writers+=($!) ;;
+      side*) PGAPPNAME=gg_write pgb -n -M prepared -c "$iclients" -j "$iclients" -R "${mode#side}" -T "$secs" -f $w/insert_side.sql postgres \
+        >"$w/writes_$name.log" 2>&1 &
         writers+=($!) ;;
       *) PGAPPNAME=gg_write pgb -n -M prepared -c "$iclients" -j "$iclients" -R "$mode" -T "$secs" -f $w/insert.sql postgres >"$w/writes_$name.log" 2>&1 &
         writers+=($!) ;;

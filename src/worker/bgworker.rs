@@ -213,8 +213,10 @@ struct InFlight {
     due: Option<Instant>,
     /// queries of a batch (0: a scan's one query)
     batch: u32,
-    /// the copy a scan's query is searched on
+    /// the copy a scan's (or batch's) queries are searched on
     copy: Option<CopyId>,
+    /// a batch's answers were written with their lead's rows (batch_area)
+    rows: bool,
     work: Work,
 }
 
@@ -223,6 +225,8 @@ enum Work {
     Gpu(GpuPending),
     /// a batch on the device, its segment attached, since when
     Batch(Area, Box<GpuBatch>, Instant),
+    /// a batch's answers, to be written to its segment
+    BatchAnswers(Area, Vec<Hits>),
 }
 
 struct Worker {
@@ -411,6 +415,7 @@ impl Worker {
         let mut copy = None;
         let work = match self.residency.lookup(Key::of(req), req.generation, req.need) {
             Lookup::Ready(r) if req.batch_n > 0 => {
+                copy = Some(r.id());
                 batch_work(&self.device, &r.handle, req, &shared.counters, &mut self.segment)?
             }
             Lookup::Ready(r) => {
@@ -429,7 +434,7 @@ impl Worker {
             }
         };
         let due = (req.delay_ms > 0).then(|| now + Duration::from_millis(req.delay_ms as u64));
-        self.inflight.push(InFlight { slot: i, seq, taken_at, due, batch: req.batch_n, copy, work });
+        self.inflight.push(InFlight { slot: i, seq, taken_at, due, batch: req.batch_n, copy, rows: false, work });
         Ok(())
     }
 
@@ -450,7 +455,7 @@ impl Worker {
                 self.inflight.swap_remove(i);
                 continue;
             }
-            if let Work::Batch(area, b, since) = &mut f.work {
+            if let Work::Batch(_, b, since) = &mut f.work {
                 match self.device.poll_batch(b) {
                     Ok(None) => {
                         on_device = true;
@@ -458,17 +463,26 @@ impl Worker {
                         continue;
                     }
                     Ok(Some(answers)) => {
-                        let c = &self.shared.counters;
-                        add(&c.batch_device_us, since.elapsed().as_micros() as u64);
-                        let t = Instant::now();
-                        area.write(answers.iter().map(|a| a.iter().map(|h| h.1)));
-                        add(&c.batch_write_us, t.elapsed().as_micros() as u64);
+                        add(&self.shared.counters.batch_device_us, since.elapsed().as_micros() as u64);
                         if let Work::Batch(area, ..) = std::mem::replace(&mut f.work, Work::Done(Ok(Vec::new()))) {
-                            self.segment = Some((area, Instant::now()));
+                            f.work = Work::BatchAnswers(area, answers);
                         }
                     }
                     Err(o) => f.work = Work::Done(Err(failed(&self.device, o)?)),
                 }
+            }
+            if let Work::BatchAnswers(..) = f.work {
+                let Work::BatchAnswers(mut area, answers) = std::mem::replace(&mut f.work, Work::Done(Ok(Vec::new())))
+                else {
+                    unreachable!("matched above")
+                };
+                let t = Instant::now();
+                // the lead's rows from the copy, when its distances are the
+                // pages' and it still follows the log (as for a scan's reply)
+                let rows = f.copy.and_then(|id| self.residency.rows(id)).map(|r| move |node| r.get(node));
+                f.rows = area.write(answers.iter().map(|a| a.as_slice()), rows);
+                add(&self.shared.counters.batch_write_us, t.elapsed().as_micros() as u64);
+                self.segment = Some((area, Instant::now()));
             }
             if let Work::Gpu(p) = &mut f.work {
                 let mark = Mark::now();
@@ -523,6 +537,7 @@ impl Worker {
             Work::Done(Ok(_)) if f.batch > 0 => {
                 add(&c.batch_us, (now - f.taken_at).max(0) as u64);
                 reply.n = 0; // the answers are in the batch's segment
+                reply.with_rows = f.rows;
                 reply.outcome = Outcome::Answered;
             }
             Work::Done(Ok(hits)) => {
@@ -548,7 +563,7 @@ impl Worker {
                 reply.n = 0;
                 reply.outcome = o;
             }
-            Work::Gpu(_) | Work::Batch(..) => unreachable!("answered only when done"),
+            Work::Gpu(_) | Work::Batch(..) | Work::BatchAnswers(..) => unreachable!("answered only when done"),
         }
         reply.answered_at = now;
         add(&c.answered, 1);
@@ -574,11 +589,12 @@ fn batch_work(
 ) -> Result<Work, String> {
     let t = Instant::now();
     let (n, cap, dim, hits) = (req.batch_n as usize, req.batch_cap as usize, req.dim as usize, req.ef as usize);
+    let lead = req.batch_lead as usize;
     let mut area = match kept.take() {
-        Some((a, _)) if a.is(req.batch_dsm, cap, dim, hits) => a,
+        Some((a, _)) if a.is(req.batch_dsm, cap, dim, hits, lead) => a,
         // SAFETY: the worker's main thread (gpu_graph_worker_main), with
         // its resource owner (an older mapping was let go just above).
-        _ => match unsafe { Area::attach(req.batch_dsm, cap, dim, hits) } {
+        _ => match unsafe { Area::attach(req.batch_dsm, cap, dim, hits, lead) } {
             Some(a) => a,
             None => return Ok(Work::Done(Err(Outcome::Absent))),
         },
@@ -588,11 +604,8 @@ fn batch_work(
     }
     area.set_len(n);
     Ok(match device.start_batch(h, area.queries(), dim, req.k as usize, req.ef as usize, req.batch_width as usize) {
-        Ok(BatchStart::Done(answers)) => {
-            area.write(answers.iter().map(|a| a.iter().map(|h| h.1)));
-            *kept = Some((area, Instant::now()));
-            Work::Done(Ok(Vec::new()))
-        }
+        // (written to the segment by `progress`, with the copy's rows)
+        Ok(BatchStart::Done(answers)) => Work::BatchAnswers(area, answers),
         Ok(BatchStart::Pending(b)) => {
             add(&c.batch_start_us, t.elapsed().as_micros() as u64);
             Work::Batch(area, Box::new(b), Instant::now())

@@ -29,7 +29,7 @@ use gpu_graph_engine::metric::Metric;
 use gpu_graph_engine::search::Hit;
 use pgrx::pg_sys;
 
-use super::batch_area::Area;
+use super::batch_area::{self, Area};
 use super::outcome::Outcome;
 use super::ring::{Reply, Request, Slot, MAX_HITS, MAX_QUERY_DIM};
 use super::shmem::{shared, Shared};
@@ -302,6 +302,7 @@ unsafe fn exchange<T>(
         r.batch_dsm = 0;
         r.batch_cap = 0;
         r.batch_width = 0;
+        r.batch_lead = 0;
         fill(r);
     }
     claim.slot.submit(claim.seq);
@@ -352,9 +353,10 @@ fn batch_timeout(n: usize) -> Duration {
 
 /// The first rounds of a batch's queries (gpu_graph_search_batch, `k` rows
 /// each, through the first `width` entries of each list: 0 all) from the
-/// worker's batch search, each checked against the pages as
-/// a scan's first round is (the first k + VERIFY_AHEAD nodes; the rest when
-/// a query needs them); None when they are to search on the CPU (too many values for
+/// worker's batch search: the first nodes of each answer (batch_area::lead)
+/// with the rows and distances of the worker's copy where its distances are
+/// the pages' own, as a scan's first round takes them, else checked against
+/// the pages; the rest when a query needs them. None when they are to search on the CPU (too many values for
 /// one segment, a worker that is absent, busy, stale or failed).
 ///
 /// # Safety
@@ -372,10 +374,11 @@ pub unsafe fn batch_first_rounds(
         return None;
     }
     let hits = ef.min(MAX_HITS);
+    let lead = batch_area::lead(k, hits);
     let slot = &mut call.area;
-    if !slot.as_ref().is_some_and(|a| a.fits(n, dim, hits)) {
+    if !slot.as_ref().is_some_and(|a| a.fits(n, dim, hits, lead)) {
         *slot = None; // the old one goes before the new one is made
-        *slot = Some(Area::create(call.cap.max(n).min(batch_segment(dim)), dim, hits));
+        *slot = Some(Area::create(call.cap.max(n).min(batch_segment(dim)), dim, hits, lead));
     }
     let area = slot.as_mut().expect("made above");
     area.set_len(n);
@@ -384,38 +387,59 @@ pub unsafe fn batch_first_rounds(
         dst.copy_from_slice(q);
     }
     let (handle, room) = (area.handle(), area.cap() as u32);
-    let fill =
-        |r: &mut Request| (r.batch_n, r.batch_dsm, r.batch_cap, r.batch_width) = (n as u32, handle, room, width as u32);
+    let fill = |r: &mut Request| {
+        (r.batch_n, r.batch_dsm, r.batch_cap, r.batch_width) = (n as u32, handle, room, width as u32);
+        r.batch_lead = lead as u32;
+    };
     // SAFETY: the caller's contract.
-    let r =
-        unsafe { exchange(index, meta, dim, ef, Patience { timeout: batch_timeout(n), poll: false }, fill, |_, _| ()) };
+    let r = unsafe {
+        exchange(index, meta, dim, ef, Patience { timeout: batch_timeout(n), poll: false }, fill, |reply, _| {
+            reply.with_rows
+        })
+    };
     let c = counters();
     add(&c.batches, 1);
-    if let Err(o) = r {
-        // a worker that took the segment may still write answers into it
-        // (a timeout): the next segment of queries gets a new one
-        call.area = None;
-        record_batch_fallback(o);
-        pgrx::debug1!("gpu_graph: a batch of {n} queries searches on the CPU: the worker answered {o:?}");
-        return None;
-    }
+    let with_rows = match r {
+        Ok(w) => w,
+        Err(o) => {
+            // a worker that took the segment may still write answers into
+            // it (a timeout): the next segment of queries gets a new one
+            call.area = None;
+            record_batch_fallback(o);
+            pgrx::debug1!("gpu_graph: a batch of {n} queries searches on the CPU: the worker answered {o:?}");
+            return None;
+        }
+    };
     add(&c.batch_queries, n as u64);
-    // only the first k + VERIFY_AHEAD nodes of each answer are read again
-    // now: the rows a query returns are nearly always among them
-    let cut = |j: usize| area.answer(j).len().min(k + VERIFY_AHEAD);
-    let mut answers = verify(store, meta, queries, |j| &area.answer(j)[..cut(j)]);
+    // only the lead of each answer is taken now: the rows a query returns
+    // are nearly always among them
+    let cut = |j: usize| area.answer(j).len().min(lead);
+    let mut answers = if with_rows {
+        (0..n).map(|j| lead_with_rows(area, meta, j)).collect()
+    } else {
+        add(&c.batch_queries_reread, n as u64);
+        verify(store, meta, queries, |j| &area.answer(j)[..cut(j)])
+    };
     for (j, a) in answers.iter_mut().enumerate() {
-        // `verify` handed out the part it read; the rest is handed out too
+        // the lead was handed out; the rest is handed out too
         a.rest = area.answer(j)[cut(j)..].to_vec();
         a.handed.extend_from_slice(&a.rest);
     }
     Some(answers)
 }
 
-/// Nodes of a batch's answer beyond the k it asks for that are checked
-/// against the pages with the first k (a few rows may be invisible to the
-/// caller; the others wait in `Answer::rest` until a query needs them).
-const VERIFY_AHEAD: usize = 8;
+/// Query j's lead with the rows and search distances the worker's copy
+/// gave (as a scan's reply with rows): nodes allocated after the call read
+/// the meta page dropped (their rows are invisible to its snapshot).
+fn lead_with_rows(area: &Area, meta: &Meta, j: usize) -> Answer {
+    let (dists, rows) = area.lead_of(j);
+    let nodes = &area.answer(j)[..dists.len()];
+    let hits = (0..nodes.len())
+        .filter(|&i| nodes[i] < meta.node_count)
+        .map(|i| Hit { dist: dists[i], node: nodes[i], payload: rows[i] })
+        .collect();
+    Answer { hits, handed: nodes.to_vec(), rest: Vec::new() }
+}
 
 /// The live nodes among `nodes` (an answer's rest) with their rows and
 /// exact distances from the pages, nearest first, as [`verify`] gives them.

@@ -105,6 +105,8 @@ pub struct Request {
     pub batch_cap: u32,
     /// entries of each list a batch searches (0: all; TSDG's prefix)
     pub batch_width: u32,
+    /// nodes of each answer the worker gives rows for (batch_area::lead)
+    pub batch_lead: u32,
     /// the query as the user gave it (`dim` values)
     pub query: [f32; MAX_QUERY_DIM],
 }

@@ -105,6 +105,9 @@ pub struct Counters {
     pub batches: AtomicU64,
     batch_fallbacks: [AtomicU64; Outcome::ALL.len()],
     pub batch_queries: AtomicU64,
+    /// of those, the queries whose answers the backend read again from the
+    /// pages (a copy whose distances are not the pages': batch_area)
+    pub batch_queries_reread: AtomicU64,
     pub batch_us: AtomicU64,
     /// of which: attaching the segment, preparing and sending the queries;
     /// the device's search (sent to answers read back); writing the answers
@@ -160,6 +163,7 @@ impl Counters {
             batches: AtomicU64::new(0),
             batch_fallbacks: [const { AtomicU64::new(0) }; Outcome::ALL.len()],
             batch_queries: AtomicU64::new(0),
+            batch_queries_reread: AtomicU64::new(0),
             batch_us: AtomicU64::new(0),
             batch_start_us: AtomicU64::new(0),
             batch_device_us: AtomicU64::new(0),
@@ -385,8 +389,10 @@ struct Batches {
     asked: u64,
     cpu: u64,
     fallbacks: BTreeMap<&'static str, u64>,
-    /// queries the worker answered, its time on them and queries/s
+    /// queries the worker answered (of which read again from the pages),
+    /// its time on them and queries/s
     queries: u64,
+    reread: u64,
     worker_ms: f64,
     worker_queries_per_s: Option<f64>,
     /// of the worker's time (GPU batches): sending, the device's search
@@ -497,6 +503,7 @@ fn gpu_graph_worker_stats() -> JsonB {
             cpu: c.batch_fallbacks.iter().map(get).sum(),
             fallbacks: Outcome::ALL[1..].iter().map(|&o| (o.name(), get(&c.batch_fallbacks[o.index()]))).collect(),
             queries: get(&c.batch_queries),
+            reread: get(&c.batch_queries_reread),
             worker_ms: get(&c.batch_us) as f64 / 1000.0,
             worker_queries_per_s: mean(get(&c.batch_queries) * 1_000_000, get(&c.batch_us)),
             start_ms: get(&c.batch_start_us) as f64 / 1000.0,

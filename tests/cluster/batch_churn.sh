@@ -8,8 +8,8 @@
 # and every query must get its k rows. Twice: searched in the backend
 # (search_device = cpu), then through the search worker in its CPU test
 # mode (its batch path: the segment in dynamic shared memory, the worker's
-# copy following the change log, every node read again from its page),
-# which must answer the batches itself.
+# copy following the change log, the answers' first nodes with the rows
+# and distances of its copy), which must answer the batches itself.
 #
 #   bash tests/cluster/batch_churn.sh      (after scripts/setup.sh)
 set -euo pipefail
@@ -90,7 +90,7 @@ echo "batch_churn: the worker answered $queries queries in $asked segments; $cpu
 # the table at rest: the worker's rows are the backend's, row for row (its
 # CPU test mode searches a copy the same way), at ef 10 and 40
 for ef in 10 40; do
-  before=$(stat queries)
+  before=$(stat queries) reread=$(stat reread)
   got=$(q <<SQL
 CREATE TEMP TABLE w AS SELECT query, rank, ctid::text AS t FROM gpu_graph_search_batch('items_idx', (SELECT m FROM matrix), 10, $ef);
 SET gpu_graph.search_device = cpu;
@@ -100,8 +100,11 @@ SQL
 )
   [ "$got" = "6000 6000 6000" ] || fail "ef $ef: worker rows, backend rows, equal: $got (want 6000 6000 6000)"
   [ "$(stat queries)" -eq $((before + 600)) ] || fail "ef $ef: the worker did not answer the batch"
+  # the CPU test mode's copy is exact: the answers carry their rows, and
+  # the backend reads no page for them (batch_area)
+  [ "$(stat reread)" = "$reread" ] || fail "ef $ef: $(($(stat reread) - reread)) queries read again from the pages (want 0)"
 done
-echo "batch_churn: at rest, the worker's batches equal the backend's row for row (ef 10 and 40)"
+echo "batch_churn: at rest, the worker's batches (their rows from its copy) equal the backend's row for row (ef 10 and 40)"
 # a batch of 20,400 queries: three segments of queries through one shared
 # segment, which the worker keeps mapped from one to the next
 before=$(stat queries) asked=$(stat asked)

@@ -356,8 +356,9 @@ fn batch_timeout(n: usize) -> Duration {
 /// worker's batch search: the first nodes of each answer (batch_area::lead)
 /// with the rows and distances of the worker's copy where its distances are
 /// the pages' own, as a scan's first round takes them, else checked against
-/// the pages; the rest when a query needs them. None when they are to search on the CPU (too many values for
-/// one segment, a worker that is absent, busy, stale or failed).
+/// the pages; the rest when a query needs them. None when they are to
+/// search on the CPU (too many values for one segment, a worker that is
+/// absent, busy, stale or failed).
 ///
 /// # Safety
 /// `index` must be the open index `store` reads.

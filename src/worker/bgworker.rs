@@ -471,18 +471,19 @@ impl Worker {
                     Err(o) => f.work = Work::Done(Err(failed(&self.device, o)?)),
                 }
             }
-            if let Work::BatchAnswers(..) = f.work {
-                let Work::BatchAnswers(mut area, answers) = std::mem::replace(&mut f.work, Work::Done(Ok(Vec::new())))
-                else {
-                    unreachable!("matched above")
-                };
-                let t = Instant::now();
-                // the lead's rows from the copy, when its distances are the
-                // pages' and it still follows the log (as for a scan's reply)
-                let rows = f.copy.and_then(|id| self.residency.rows(id)).map(|r| move |node| r.get(node));
-                f.rows = area.write(answers.iter().map(|a| a.as_slice()), rows);
-                add(&self.shared.counters.batch_write_us, t.elapsed().as_micros() as u64);
-                self.segment = Some((area, Instant::now()));
+            // a batch's answers (the CPU's at once, the GPU's once polled)
+            // go to its segment with the copy's rows, when its distances are
+            // the pages' and it still follows the log (as for a scan's reply)
+            if matches!(f.work, Work::BatchAnswers(..)) {
+                if let Work::BatchAnswers(mut area, answers) =
+                    std::mem::replace(&mut f.work, Work::Done(Ok(Vec::new())))
+                {
+                    let t = Instant::now();
+                    let rows = f.copy.and_then(|id| self.residency.rows(id)).map(|r| move |node| r.get(node));
+                    f.rows = area.write(answers.iter().map(|a| a.as_slice()), rows);
+                    add(&self.shared.counters.batch_write_us, t.elapsed().as_micros() as u64);
+                    self.segment = Some((area, Instant::now()));
+                }
             }
             if let Work::Gpu(p) = &mut f.work {
                 let mark = Mark::now();

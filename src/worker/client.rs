@@ -228,14 +228,7 @@ unsafe fn ask(index: pg_sys::Relation, meta: &Meta, query: &[f32], ef: usize) ->
             c.latency.wake.record(now - reply.answered_at);
             let n = reply.n as usize;
             let nodes = &reply.nodes[..n];
-            // nodes allocated after the scan read the meta page hold rows
-            // its snapshot cannot see (as in `verify`)
-            let hits = reply.with_rows.then(|| {
-                (0..n)
-                    .filter(|&j| nodes[j] < meta.node_count)
-                    .map(|j| Hit { dist: reply.dists[j], node: nodes[j], payload: reply.rows[j] })
-                    .collect()
-            });
+            let hits = reply.with_rows.then(|| hits_with_rows(meta, nodes, &reply.dists[..n], &reply.rows[..n]));
             Replied { nodes: nodes.to_vec(), hits }
         })
     }
@@ -430,16 +423,22 @@ pub unsafe fn batch_first_rounds(
 }
 
 /// Query j's lead with the rows and search distances the worker's copy
-/// gave (as a scan's reply with rows): nodes allocated after the call read
-/// the meta page dropped (their rows are invisible to its snapshot).
+/// gave (as a scan's reply with rows).
 fn lead_with_rows(area: &Area, meta: &Meta, j: usize) -> Answer {
     let (dists, rows) = area.lead_of(j);
     let nodes = &area.answer(j)[..dists.len()];
-    let hits = (0..nodes.len())
+    Answer { hits: hits_with_rows(meta, nodes, dists, rows), handed: nodes.to_vec(), rest: Vec::new() }
+}
+
+/// An answer's nodes with the search distances and rows the worker's copy
+/// gave them (worker::rows), as the hits a scan or batch hands out. Nodes
+/// allocated after the caller read the meta page hold rows its snapshot
+/// cannot see: dropped (as in `verify`).
+fn hits_with_rows(meta: &Meta, nodes: &[u32], dists: &[f32], rows: &[u64]) -> Vec<Hit> {
+    (0..nodes.len())
         .filter(|&i| nodes[i] < meta.node_count)
         .map(|i| Hit { dist: dists[i], node: nodes[i], payload: rows[i] })
-        .collect();
-    Answer { hits, handed: nodes.to_vec(), rest: Vec::new() }
+        .collect()
 }
 
 /// The live nodes among `nodes` (an answer's rest) with their rows and

@@ -172,8 +172,8 @@ struct IndexDesc {
     u32 metric;  // GG_METRIC_*
     u32 lanes;   // lanes per distance, a power of two <= 32
     u32 gen;     // != 0 while loaded: a request must name the same
-    u32 pad0;
-    u32 pad1;
+    u64 rows;    // n u64: each node's row (its heap TID), written beside
+                 // the hits of the persistent kernel's answers; 0: none
 };
 
 // One copy of a patch to a resident index (Registry::patch), applied by
@@ -211,7 +211,9 @@ struct RequestHead {
     u32 pad[5];
 };
 
-// A CTA's answer in mapped host memory: this header, then k_max ResultHit entries.
+// A CTA's answer in mapped host memory (SearchParams.cta_block bytes): this
+// header, then k_max ResultHit entries, then k_max u64: each hit's row
+// (IndexDesc.rows[id]; 0 when the index has none).
 struct ResultHead {
     u32 cmd;       // the slot word it answers
     u32 count;     // hits written
@@ -264,7 +266,7 @@ struct SearchParams {
                     // wrote them (mapped host memory), copied by the
                     // dispatcher to `reqs`
     u32 ring_log2;  // entries of the ring: 2^ring_log2
-    u32 pad;
+    u32 cta_block;  // bytes of one CTA's answer within a slot's result_stride
     u64 patch_staging;  // a patch for the dispatcher (mapped host memory)
     u64 patch_ack;      // u32: the last patch applied (mapped host memory)
 };

@@ -106,6 +106,11 @@ __device__ __forceinline__ u32 ld_cg_u8(const void* p) {
     asm volatile("ld.global.cg.u8 %0, [%1];" : "=h"(v) : "l"(p));
     return (u32)v;
 }
+__device__ __forceinline__ u64 ld_cg_u64(const void* p) {
+    u64 v;
+    asm volatile("ld.global.cg.u64 %0, [%1];" : "=l"(v) : "l"(p));
+    return v;
+}
 __device__ __forceinline__ void ld_cg_v4(const void* p, u32& a, u32& b, u32& c, u32& d) {
     asm volatile("ld.global.cg.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(a), "=r"(b), "=r"(c), "=r"(d) : "l"(p));
 }
@@ -720,6 +725,7 @@ __device__ __forceinline__ bool load_desc(const IndexDesc* indexes, u32 n_indexe
     ix.metric = ld_cg_u32(&desc->metric);
     ix.lanes = ld_cg_u32(&desc->lanes);
     ix.gen = ld_cg_u32(&desc->gen);
+    ix.rows = ((u64)ld_cg_u32((const u32*)&desc->rows + 1) << 32) | ld_cg_u32(&desc->rows);
     return ix.gen != 0 && ix.gen == xgen && ix.n > 0 && ix.entry < ix.n && ix.degree > 0 && ix.degree <= CAND_CAP;
 }
 
@@ -750,13 +756,14 @@ struct CtaPlan {
 // table `table` of 2^k entries - 1 = vmask shared by the query's CTAs,
 // entries of generation `gen`), through the first `width` entries of each
 // list (0: whole lists; TSDG's prefix for large batches); writes its first
-// k live entries to `hits` and returns how many, with the nodes expanded,
+// k live entries to `hits` (and their rows to `rows_out`, when not null and
+// the index has rows) and returns how many, with the nodes expanded,
 // distances computed, steps taken and when its start ended (globaltimer).
 // The same search for the persistent kernel (a slot's CTAs) and the batch
 // kernel (one CTA a query).
 __device__ __forceinline__ u32 search_one(const IndexDesc& ix, const Smem& S, u64* table, u32 vmask, u32 gen, u32 t,
                                           u32 ctas, const CtaPlan& p, u32 width, ResultHit* hits,
-                                          u32& expanded, u32& computed, u32& steps, u64& started, Phases& ph,
+                                          u64* rows_out, u32& expanded, u32& computed, u32& steps, u64& started, Phases& ph,
                                           u32 lane) {
     Lists L;
     L.ad = S.l0d;
@@ -873,15 +880,21 @@ __device__ __forceinline__ u32 search_one(const IndexDesc& ix, const Smem& S, u6
         bool live = false;
         u32 id = 0;
         float d = 0.f;
+        u64 row = 0;
         if (j < L.cnt) {
             id = L.ai[j] & ID_MASK;
             d = L.ad[j];
+            // (the row's load beside the flag's: one round trip for both)
+            if (rows_out != nullptr && ix.rows != 0) row = ld_cg_u64((const u64*)ix.rows + id);
             live = (ld_cg_u8(flags + id) & (GG_NODE_DELETED | GG_NODE_FREE)) == 0;
         }
         const u32 bal = __ballot_sync(FULL_MASK, live);
         if (live) {
             const u32 r = written + __popc(bal & lanemask_lt());
-            if (r < p.k) st_v2(hits + r, __float_as_uint(d), id);
+            if (r < p.k) {
+                st_v2(hits + r, __float_as_uint(d), id);
+                if (rows_out != nullptr) st_v2(rows_out + r, (u32)row, (u32)(row >> 32));
+            }
         }
         const u32 got = written + __popc(bal);
         written = got < p.k ? got : p.k;
@@ -1060,9 +1073,9 @@ extern "C" __global__ void __launch_bounds__(32 * GG_WARPS)
     const u32 vmask = (1u << P.visited_log2) - 1u;
     u64* table = visited + ((u64)slot << P.visited_log2);
     const RequestHead* req = (const RequestHead*)(P.reqs + (u64)slot * P.req_stride);
-    ResultHead* out = (ResultHead*)(P.results + (u64)slot * P.result_stride +
-                                    (u64)t * (sizeof(ResultHead) + sizeof(ResultHit) * k_max));
+    ResultHead* out = (ResultHead*)(P.results + (u64)slot * P.result_stride + (u64)t * P.cta_block);
     ResultHit* hits = (ResultHit*)(out + 1);
+    u64* rows_out = (u64*)(hits + k_max);
 
     u32 last = 0, idle = 0;
     for (;;) {
@@ -1115,7 +1128,7 @@ extern "C" __global__ void __launch_bounds__(32 * GG_WARPS)
         const u64 c0 = cycles();
         if (ok) {
             load_query((const u32*)(req + 1), S.q, qwords, lane);
-            written = search_one(ix, S, table, vmask, c, t, ctas, p, 0, hits, expanded, computed, steps,
+            written = search_one(ix, S, table, vmask, c, t, ctas, p, 0, hits, rows_out, expanded, computed, steps,
                                  started, ph, lane);
             searched = globaltimer();
         } else {
@@ -1197,7 +1210,7 @@ extern "C" __global__ void __launch_bounds__(32, GG_BATCH_MIN_BLOCKS)
         if (ok) {
             load_query((const u32*)P.queries + (u64)qi * P.qwords, S.q, P.qwords, lane);
             ResultHit* hits = (ResultHit*)P.hits + (u64)qi * P.k;
-            written = search_one(ix, S, table, vmask, P.visit_base + j, 0, 1, p, P.width, hits, expanded, computed,
+            written = search_one(ix, S, table, vmask, P.visit_base + j, 0, 1, p, P.width, hits, nullptr, expanded, computed,
                                  steps, started, ph, lane);
         }
         if (lane == 0) counts[qi] = written;

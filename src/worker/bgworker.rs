@@ -116,6 +116,11 @@ pub extern "C-unwind" fn gpu_graph_worker_main(_arg: pg_sys::Datum) {
             nap(Duration::from_millis(100));
         }
     }
+    // the slots first: the device's server takes the answer area, where a
+    // scan may still read what the previous worker's GPU wrote
+    for slot in shared.slots() {
+        slot.recover();
+    }
     let device = match Device::open(WORKER_DEVICE.get()) {
         Ok(d) => d,
         Err(e) => {
@@ -129,9 +134,6 @@ pub extern "C-unwind" fn gpu_graph_worker_main(_arg: pg_sys::Datum) {
             unsafe { pg_sys::proc_exit(1) };
         }
     };
-    for slot in shared.slots() {
-        slot.recover();
-    }
     let auto_limit = device.auto_limit();
     shared.worker_device.store(device.code(), Ordering::Relaxed);
     keep_core(shared, &device);
@@ -150,6 +152,7 @@ pub extern "C-unwind" fn gpu_graph_worker_main(_arg: pg_sys::Datum) {
         residency: Residency::default(),
         inflight: Vec::new(),
         taken: Vec::new(),
+        health_at: Instant::now(),
         segment: None,
     };
     let outcome = w.serve();
@@ -174,7 +177,7 @@ unsafe extern "C-unwind" fn at_exit(_code: i32, _arg: pg_sys::Datum) {
     shared.worker_core.store(0, Ordering::Relaxed);
     shared.residents.publish(&[]);
     for slot in shared.slots() {
-        if matches!(slot.state().1, State::Submitted | State::Working) {
+        if matches!(slot.state().1, State::Submitted | State::Working | State::Answering) {
             // SAFETY: a submitted request is not written until its backend
             // lets go of the slot and claims one again; the read is volatile,
             // and a stale procno wakes some other process once (set_latch
@@ -217,6 +220,9 @@ struct InFlight {
     copy: Option<CopyId>,
     /// a batch's answers were written with their lead's rows (batch_area)
     rows: bool,
+    /// its route published: the scan reads the answer itself while it polls
+    /// (worker::own_answer)
+    own: bool,
     work: Work,
 }
 
@@ -237,12 +243,18 @@ struct Worker {
     inflight: Vec<InFlight>,
     /// the slots taken in one pass (kept for its allocation)
     taken: Vec<(usize, u64)>,
+    /// the last health check while the scans read their own answers
+    health_at: Instant,
     /// the last batch segment mapped, kept for the next segment of queries
     /// its backend sends (worker::batch_area), and since when; let go when
     /// idle or after SEGMENT_KEEP unused (its backend has finished, and the
     /// mapping would keep its memory)
     segment: Option<(Area, Instant)>,
 }
+
+/// How often the device's health is checked while scans read their own
+/// answers (a fault then ends the worker, and the scans fall back).
+const HEALTH_EVERY: Duration = Duration::from_millis(2);
 
 /// How long an unused batch segment stays mapped.
 const SEGMENT_KEEP: Duration = Duration::from_secs(1);
@@ -413,6 +425,7 @@ impl Worker {
         }
         let query = &req.query[..(req.dim as usize).min(req.query.len())];
         let mut copy = None;
+        let mut route = None;
         let work = match self.residency.lookup(Key::of(req), req.generation, req.need) {
             Lookup::Ready(r) if req.batch_n > 0 => {
                 copy = Some(r.id());
@@ -422,7 +435,10 @@ impl Worker {
                 copy = Some(r.id());
                 match self.device.start(&r.handle, query, req.k as usize, req.ef as usize) {
                     Ok(Start::Done(hits)) => Work::Done(Ok(hits)),
-                    Ok(Start::Pending(p)) => Work::Gpu(p),
+                    Ok(Start::Pending(p)) => {
+                        route = self.device.route(&p).filter(|_| req.delay_ms == 0);
+                        Work::Gpu(p)
+                    }
                     Err(o) => Work::Done(Err(failed(&self.device, o)?)),
                 }
             }
@@ -433,8 +449,17 @@ impl Worker {
                 Work::Done(Err(Outcome::Stale))
             }
         };
+        // the scan may read its answer itself where the copy's rows are the
+        // answer's (as for a reply with rows) and no delay is asked for
+        let own = match (route, copy) {
+            (Some(route), Some(id)) if self.residency.rows(id).is_some() => {
+                shared.slots()[i].publish(seq, route);
+                true
+            }
+            _ => false,
+        };
         let due = (req.delay_ms > 0).then(|| now + Duration::from_millis(req.delay_ms as u64));
-        self.inflight.push(InFlight { slot: i, seq, taken_at, due, batch: req.batch_n, copy, rows: false, work });
+        self.inflight.push(InFlight { slot: i, seq, taken_at, due, batch: req.batch_n, copy, rows: false, own, work });
         Ok(())
     }
 
@@ -444,6 +469,7 @@ impl Worker {
         let mut on_device = false;
         // (counted once a pass: an atomic add a look would cost as much as the look)
         let (mut pending, mut look_ns, mut collect_ns) = (0, 0, 0);
+        let mut own_pending = false;
         let mut i = 0;
         while i < self.inflight.len() {
             let f = &mut self.inflight[i];
@@ -485,6 +511,36 @@ impl Worker {
                     self.segment = Some((area, Instant::now()));
                 }
             }
+            if let (true, Work::Gpu(p)) = (f.own, &f.work) {
+                // a scan that polls reads its answer itself
+                match slot.state() {
+                    (s, State::Collected) if s == f.seq => {
+                        // read: its GPU slot is free again (the ticket's drop)
+                        let c = &self.shared.counters;
+                        add(&c.searched, 1);
+                        add(&c.answered, 1);
+                        add(&c.answers_read, 1);
+                        slot.free_collected(f.seq);
+                        self.inflight.swap_remove(i);
+                        continue;
+                    }
+                    (s, State::Working) if s == f.seq && slot.asleep(f.seq) && self.device.finished(p) => {
+                        // asleep: the worker answers, unless the scan
+                        // read it meanwhile
+                        if !slot.answering(f.seq) {
+                            i += 1;
+                            continue;
+                        }
+                    }
+                    _ => {
+                        own_pending = true;
+                        pending += 1;
+                        on_device = true;
+                        i += 1;
+                        continue;
+                    }
+                }
+            }
             if let Work::Gpu(p) = &mut f.work {
                 let mark = Mark::now();
                 let polled = self.device.poll(p);
@@ -514,6 +570,12 @@ impl Worker {
         let c = &self.shared.counters;
         if pending > 0 {
             add(&c.polls_pending, pending);
+        }
+        if own_pending && now.saturating_duration_since(self.health_at) >= HEALTH_EVERY {
+            // searches the scans read themselves are not polled here: a
+            // failed device is found by its health check
+            self.health_at = now;
+            self.device.check()?;
         }
         if look_ns + collect_ns > 0 {
             add(&c.profile.look, look_ns);

@@ -31,6 +31,7 @@ use pgrx::pg_sys;
 
 use super::batch_area::{self, Area};
 use super::outcome::Outcome;
+use super::own_answer::{self, Own};
 use super::ring::{Reply, Request, Slot, MAX_HITS, MAX_QUERY_DIM};
 use super::shmem::{shared, Shared};
 use super::stats::{add, counters, record, record_batch_fallback};
@@ -129,8 +130,9 @@ pub unsafe fn insert_neighbours(index: pg_sys::Relation, meta: &Meta, stored: &[
     // SAFETY: `index` is open (the caller's contract). Not in the scans'
     // latencies: a wider beam than theirs.
     let nodes = unsafe {
-        exchange(index, meta, stored.len(), ef, Patience { timeout, poll: false }, fill, |reply, _| {
-            reply.nodes[..reply.n as usize].to_vec()
+        exchange(index, meta, stored.len(), ef, Patience { timeout, poll: false }, fill, |answered, _| match answered {
+            Answered::Reply(reply) => reply.nodes[..reply.n as usize].to_vec(),
+            Answered::Own(own) => own.hits.iter().map(|h| h.1).collect(),
         })
     }
     .inspect_err(|o| {
@@ -220,16 +222,35 @@ unsafe fn ask(index: pg_sys::Relation, meta: &Meta, query: &[f32], ef: usize) ->
     let fill = |r: &mut Request| r.query[..query.len()].copy_from_slice(query);
     // SAFETY: the caller's contract.
     unsafe {
-        exchange(index, meta, query.len(), ef, Patience { timeout, poll: true }, fill, |reply, submitted_at| {
+        exchange(index, meta, query.len(), ef, Patience { timeout, poll: true }, fill, |answered, submitted_at| {
             // SAFETY: reads the clock; any backend may.
             let now = pg_sys::GetCurrentTimestamp();
             let c = counters();
             c.latency.roundtrip.record(now - submitted_at);
-            c.latency.wake.record(now - reply.answered_at);
-            let n = reply.n as usize;
-            let nodes = &reply.nodes[..n];
-            let hits = reply.with_rows.then(|| hits_with_rows(meta, nodes, &reply.dists[..n], &reply.rows[..n]));
-            Replied { nodes: nodes.to_vec(), hits }
+            match answered {
+                Answered::Reply(reply) => {
+                    c.latency.wake.record(now - reply.answered_at);
+                    let n = reply.n as usize;
+                    let nodes = &reply.nodes[..n];
+                    let hits = reply
+                        .with_rows
+                        .then(|| hits_with_rows(meta, (0..n).map(|j| (reply.dists[j], nodes[j], reply.rows[j]))));
+                    Replied { nodes: nodes.to_vec(), hits }
+                }
+                Answered::Own(own) => {
+                    // read where the GPU wrote it: no wake-up
+                    c.latency.wake.record(0);
+                    own_answer::record_kernel(&own);
+                    let nodes = own.hits.iter().map(|h| h.1).collect();
+                    // a row the copy never read (0): the pages tell
+                    let hits = own
+                        .hits
+                        .iter()
+                        .all(|h| h.2 & 0xFFFF != 0)
+                        .then(|| hits_with_rows(meta, own.hits.iter().copied()));
+                    Replied { nodes, hits }
+                }
+            }
         })
     }
 }
@@ -242,8 +263,15 @@ struct Patience {
     poll: bool,
 }
 
+/// How a request was answered: the worker's reply, or the answer the
+/// backend read where the GPU wrote it (worker::own_answer).
+enum Answered<'a> {
+    Reply(&'a Reply),
+    Own(Own),
+}
+
 /// Claims a slot, fills its request (`fill` the query part), submits and
-/// waits as `patience` says; `read` takes what it needs of an answered reply.
+/// waits as `patience` says; `read` takes what it needs of the answer.
 ///
 /// # Safety
 /// `index` must be an open index relation.
@@ -254,7 +282,7 @@ unsafe fn exchange<T>(
     ef: usize,
     patience: Patience,
     fill: impl FnOnce(&mut Request),
-    read: impl FnOnce(&Reply, i64) -> T,
+    read: impl FnOnce(Answered<'_>, i64) -> T,
 ) -> Result<T, Outcome> {
     let shared = shared().ok_or(Outcome::Absent)?;
     shared.worker().ok_or(Outcome::Absent)?;
@@ -300,11 +328,20 @@ unsafe fn exchange<T>(
     }
     claim.slot.submit(claim.seq);
     set_latch(shared.worker_procno.load(Ordering::Acquire));
-    wait(shared, &claim, starts, patience)?;
-    // SAFETY: wait returned Ok: the slot is DONE under the claim's sequence number.
+    if let Some(own) = wait(shared, &claim, starts, patience)? {
+        return match own {
+            Ok(own) => Ok(read(Answered::Own(own), submitted_at)),
+            Err(why) => {
+                pgrx::log!("gpu_graph: an answer read from the answer area made no sense: {why}");
+                Err(Outcome::Error)
+            }
+        };
+    }
+    // SAFETY: wait returned Ok(None): the slot is DONE under the claim's
+    // sequence number.
     let reply = unsafe { claim.slot.reply() };
     match reply.outcome {
-        Outcome::Answered => Ok(read(reply, submitted_at)),
+        Outcome::Answered => Ok(read(Answered::Reply(reply), submitted_at)),
         other => Err(other),
     }
 }
@@ -387,8 +424,10 @@ pub unsafe fn batch_first_rounds(
     };
     // SAFETY: the caller's contract.
     let r = unsafe {
-        exchange(index, meta, dim, ef, Patience { timeout: batch_timeout(n), poll: false }, fill, |reply, _| {
-            reply.with_rows
+        exchange(index, meta, dim, ef, Patience { timeout: batch_timeout(n), poll: false }, fill, |answered, _| {
+            // a batch never polls, so the worker replies (own answers are
+            // a polling scan's)
+            matches!(answered, Answered::Reply(r) if r.with_rows)
         })
     };
     let c = counters();
@@ -427,17 +466,18 @@ pub unsafe fn batch_first_rounds(
 fn lead_with_rows(area: &Area, meta: &Meta, j: usize) -> Answer {
     let (dists, rows) = area.lead_of(j);
     let nodes = &area.answer(j)[..dists.len()];
-    Answer { hits: hits_with_rows(meta, nodes, dists, rows), handed: nodes.to_vec(), rest: Vec::new() }
+    let hits = hits_with_rows(meta, (0..nodes.len()).map(|i| (dists[i], nodes[i], rows[i])));
+    Answer { hits, handed: nodes.to_vec(), rest: Vec::new() }
 }
 
-/// An answer's nodes with the search distances and rows the worker's copy
-/// gave them (worker::rows), as the hits a scan or batch hands out. Nodes
-/// allocated after the caller read the meta page hold rows its snapshot
-/// cannot see: dropped (as in `verify`).
-fn hits_with_rows(meta: &Meta, nodes: &[u32], dists: &[f32], rows: &[u64]) -> Vec<Hit> {
-    (0..nodes.len())
-        .filter(|&i| nodes[i] < meta.node_count)
-        .map(|i| Hit { dist: dists[i], node: nodes[i], payload: rows[i] })
+/// An answer's (search distance, node, row) from the worker's copy
+/// (worker::rows) as the hits a scan or batch hands out, whether the
+/// worker replied them or the scan read them where the GPU wrote them.
+/// Nodes allocated after the caller read the meta page hold rows its
+/// snapshot cannot see: dropped (as in `verify`).
+fn hits_with_rows(meta: &Meta, hits: impl Iterator<Item = (f32, u32, u64)>) -> Vec<Hit> {
+    hits.filter(|&(_, node, _)| node < meta.node_count)
+        .map(|(dist, node, payload)| Hit { dist, node, payload })
         .collect()
 }
 
@@ -447,12 +487,20 @@ pub fn verify_nodes(store: &PageStore, meta: &Meta, query: &[f32], nodes: &[u32]
     verify(store, meta, &[query], |_| nodes).pop().map(|a| a.hits).unwrap_or_default()
 }
 
-/// Sleeps on the latch until the slot is answered, the timeout passes or the
-/// worker is gone. Interrupts are served while waiting: a cancel raises its
-/// ERROR here and the claim lets go of the slot as the ERROR unwinds.
-fn wait(shared: &Shared, claim: &Claim, starts: u64, patience: Patience) -> Result<(), Outcome> {
+/// Waits until the slot is answered, the timeout passes or the worker is
+/// gone: Ok(None) when the worker's reply is in the slot (DONE), Ok(Some)
+/// when the scan read its answer where the GPU wrote it (worker::own_answer).
+/// Interrupts are served while it sleeps: a cancel raises its ERROR here and
+/// the claim lets go of the slot as the ERROR unwinds.
+fn wait(
+    shared: &Shared,
+    claim: &Claim,
+    starts: u64,
+    patience: Patience,
+) -> Result<Option<Result<Own, String>>, Outcome> {
     let Patience { timeout, poll } = patience;
     let t0 = Instant::now();
+    let done = || claim.slot.state() == (claim.seq, super::ring::State::Done);
     // gpu_graph.worker_spin: a scan polls first, yielding its core between
     // two looks. An answer seen so needs no signal from the worker
     // (SetLatch signals only a process asleep on its latch) and no sleep and
@@ -462,19 +510,30 @@ fn wait(shared: &Shared, claim: &Claim, starts: u64, patience: Patience) -> Resu
     // with yields 108.6k / 146.2k / 161.9k / 159.9k queries/s at 16 / 24 /
     // 32 / 64 clients, against 102-103k / 103k polling without them and
     // 110k / 120-123k sleeping at once (polling without yields, another
-    // call: 106k at 32 clients, 65k at 64). Inserts and batches sleep at
-    // once.
+    // call: 106k at 32 clients, 65k at 64). While it polls, a scan reads
+    // its answer on the GPU itself. Inserts and batches sleep at once.
     let spin = if poll { Duration::from_micros(WORKER_SPIN.get().max(0) as u64) } else { Duration::ZERO };
     while t0.elapsed() < spin {
-        if claim.slot.state() == (claim.seq, super::ring::State::Done) {
-            return Ok(());
+        if done() {
+            return Ok(None);
+        }
+        if let Some(own) = own_answer::take(shared, claim.slot, claim.seq, starts) {
+            return Ok(Some(own));
         }
         // SAFETY: no arguments; lets another runnable thread have the core.
         unsafe { libc::sched_yield() };
     }
+    // asleep from now on: the worker answers (and wakes) this request
+    claim.slot.sleep(claim.seq);
+    if poll {
+        // the GPU may have finished before the worker saw the sleep
+        if let Some(own) = own_answer::take(shared, claim.slot, claim.seq, starts) {
+            return Ok(Some(own));
+        }
+    }
     loop {
-        if claim.slot.state() == (claim.seq, super::ring::State::Done) {
-            return Ok(());
+        if done() {
+            return Ok(None);
         }
         // a worker that exits wakes its waiters; one that restarted will not
         // answer what the old one took

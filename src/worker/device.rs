@@ -8,6 +8,7 @@ use gpu_graph_engine::store::{GraphView, Prefix};
 
 use super::gpu::{GpuBatch, GpuPending, GpuResident, GpuSearch};
 use super::outcome::Outcome;
+use super::rows::Rows;
 use super::shmem::{DEVICE_CPU, DEVICE_GPU};
 use crate::gucs::WorkerDevice;
 
@@ -69,7 +70,8 @@ impl Device {
 
     /// Makes a copy resident; returns it and the bytes it occupies. Err:
     /// what that means for the index's scans, and why.
-    pub fn install(&self, index: FlatIndex) -> Result<(Handle, usize), (Outcome, String)> {
+    /// `rows`: each node's row, which a GPU copy writes beside its answers.
+    pub fn install(&self, index: FlatIndex, rows: &Rows) -> Result<(Handle, usize), (Outcome, String)> {
         if index.graph.entry.is_none() {
             return Ok((Handle::Empty, 0));
         }
@@ -78,7 +80,7 @@ impl Device {
                 let bytes = index.bytes();
                 Ok((Handle::Cpu(index), bytes))
             }
-            Device::Gpu(g) => g.load(&index).map(|(r, bytes)| (Handle::Gpu(r), bytes)),
+            Device::Gpu(g) => g.load(&index, rows).map(|(r, bytes)| (Handle::Gpu(r), bytes)),
         }
     }
 
@@ -159,6 +161,23 @@ impl Device {
         match self {
             Device::Gpu(g) => g.poll(p),
             Device::Cpu => unreachable!("the CPU answers at once"),
+        }
+    }
+
+    /// Where a started search's answer will be in the shared answer area
+    /// (worker::own_answer); None when the device keeps its answers.
+    pub fn route(&self, p: &GpuPending) -> Option<gpu_graph_gpu::search::answers::Route> {
+        match self {
+            Device::Gpu(g) => g.route(p),
+            Device::Cpu => None,
+        }
+    }
+
+    /// Whether a started search has finished on the device.
+    pub fn finished(&self, p: &GpuPending) -> bool {
+        match self {
+            Device::Gpu(g) => g.finished(p),
+            Device::Cpu => false,
         }
     }
 

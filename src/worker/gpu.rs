@@ -4,6 +4,7 @@
 
 use gpu_graph_engine::flat::FlatIndex;
 use gpu_graph_engine::metric::Metric;
+use gpu_graph_gpu::search::answers::{AnswerArea, Route};
 use gpu_graph_gpu::search::{
     BatchTicket, HalfRows, Patch, ResidentId, SearchError, SearchServer, ServerConfig, Ticket,
 };
@@ -13,6 +14,7 @@ use std::time::Instant;
 
 use super::device::Hits;
 use super::outcome::Outcome;
+use super::rows::Rows;
 use super::shmem::shared;
 
 pub struct GpuSearch {
@@ -63,36 +65,48 @@ fn outcome(e: SearchError) -> Outcome {
     }
 }
 
+/// The worker's server configuration, but its answer area (the shared
+/// memory's size for that area is reckoned from it too).
+pub fn server_config() -> ServerConfig {
+    // fault injection is reachable only through a superuser-only
+    // setting; one slot group (stream): the worker submits from one
+    // thread, and each group's stream waits for every patch of a
+    // copy once (cuStreamWaitEvent): with 8 groups, up to 8 driver
+    // calls a patch on the worker's thread, at thousands of patches
+    // a second under inserts. Vectors in fp16, rounded where they
+    // are not exact (an index with storage = 'f32'; the default f16
+    // pages are exact): every answer's nodes are re-read from the
+    // pages with their exact distances (client::verify), and at 768
+    // dimensions the kernel took 276 us a query on fp32 rows against
+    // 197 us on fp16 rows at ef 40 (H200, docs/benchmarks.md)
+    // As many GPU slots as the ring has, where the device allows:
+    // two-warp CTAs halve them (a small GPU then takes one warp).
+    ServerConfig {
+        allow_fault_injection: true,
+        groups: 1,
+        half_rows: HalfRows::Rounded,
+        min_slots: crate::gucs::WORKER_SLOTS.get() as usize,
+        // the A/B of the doorbell (docs/benchmarks.md): the
+        // server's environment, as GPU_GRAPH_SEARCH_NVRTC_OPTIONS
+        copy_requests: std::env::var_os("GPU_GRAPH_COPY_REQUESTS").is_some_and(|v| v == "1"),
+        ..ServerConfig::default()
+    }
+}
+
 impl GpuSearch {
     pub fn open() -> Result<GpuSearch, String> {
         // the driver's threads start here (context, streams, the persistent
         // kernel's launch): they must not take the worker's signals
         crate::threads::with_signals_blocked(|| {
             let gpu = Gpu::open().map_err(|e| e.to_string())?;
-            // fault injection is reachable only through a superuser-only
-            // setting; one slot group (stream): the worker submits from one
-            // thread, and each group's stream waits for every patch of a
-            // copy once (cuStreamWaitEvent): with 8 groups, up to 8 driver
-            // calls a patch on the worker's thread, at thousands of patches
-            // a second under inserts. Vectors in fp16, rounded where they
-            // are not exact (an index with storage = 'f32'; the default f16
-            // pages are exact): every answer's nodes are re-read from the
-            // pages with their exact distances (client::verify), and at 768
-            // dimensions the kernel took 276 us a query on fp32 rows against
-            // 197 us on fp16 rows at ef 40 (H200, docs/benchmarks.md)
-            // As many GPU slots as the ring has, where the device allows:
-            // two-warp CTAs halve them (a small GPU then takes one warp).
-            let cfg = ServerConfig {
-                allow_fault_injection: true,
-                groups: 1,
-                half_rows: HalfRows::Rounded,
-                min_slots: crate::gucs::WORKER_SLOTS.get() as usize,
-                // the A/B of the doorbell (docs/benchmarks.md): the
-                // server's environment, as GPU_GRAPH_SEARCH_NVRTC_OPTIONS
-                copy_requests: std::env::var_os("GPU_GRAPH_COPY_REQUESTS").is_some_and(|v| v == "1"),
-                ..ServerConfig::default()
-            };
+            // the answers in shared memory, where the scans read their own
+            // (worker::own_answer)
+            let area = shared().map(|s| s.answer_area()).map(|(ptr, len)| AnswerArea { ptr: ptr as usize, len });
+            let cfg = ServerConfig { answer_area: area, ..server_config() };
             let server = SearchServer::start(&gpu, cfg).map_err(|e| e.to_string())?;
+            if let (Some(s), true) = (shared(), server.info().answer_area) {
+                s.answers.publish(server.info().answer_layout);
+            }
             Ok(GpuSearch { server, gpu, prepared: Default::default() })
         })
     }
@@ -116,8 +130,11 @@ impl GpuSearch {
 
     /// Uploads a copy; its device bytes. Err: what it means for the scans
     /// of the index, and why.
-    pub fn load(&self, index: &FlatIndex) -> Result<(GpuResident, usize), (Outcome, String)> {
-        let id = self.server.load(index).map_err(|e| (outcome(e.clone()), e.to_string()))?;
+    /// `rows`: each node's row, which the kernel then writes beside each
+    /// hit (a copy whose scans may read their own answers).
+    pub fn load(&self, index: &FlatIndex, rows: &Rows) -> Result<(GpuResident, usize), (Outcome, String)> {
+        let rows = rows.run(0, index.len());
+        let id = self.server.load_with_rows(index, Some(&rows)).map_err(|e| (outcome(e.clone()), e.to_string()))?;
         let bytes = self.server.resident_info(id).map_or(0, |r| r.bytes);
         Ok((GpuResident { id, metric: index.metric }, bytes))
     }
@@ -147,7 +164,10 @@ impl GpuSearch {
     /// Brings a copy up to date in place; false when it must be loaded
     /// again (full with no room on the device to grow, or no longer exact
     /// in fp16), Err when the patch failed.
-    pub fn patch(&self, r: &GpuResident, p: &Patch) -> Result<bool, Outcome> {
+    /// The patch's nodes take their rows from `rows` (the copy's, already
+    /// patched).
+    pub fn patch(&self, r: &GpuResident, p: &mut Patch, rows: &Rows) -> Result<bool, Outcome> {
+        p.payloads = p.rows.iter().map(|(first, flags, _)| (*first, rows.run(*first as usize, flags.len()))).collect();
         self.server.patch(r.id, p).map_err(outcome)
     }
 
@@ -162,6 +182,23 @@ impl GpuSearch {
     /// Sends the queries `submit` held.
     pub fn send_held(&self) -> Result<usize, Outcome> {
         self.server.send_held().map_err(outcome)
+    }
+
+    /// Where the query's answer will be in the shared answer area; None
+    /// when the server keeps its answers in memory of its own.
+    pub fn route(&self, p: &GpuPending) -> Option<Route> {
+        self.server.info().answer_area.then(|| p.0.route())
+    }
+
+    /// Whether the GPU has finished the query (its answer is then in the
+    /// answer area; see `route`).
+    pub fn finished(&self, p: &GpuPending) -> bool {
+        let Some(s) = shared() else { return false };
+        // SAFETY: the server writes its finish words at the area's start
+        // (the server runs: `self` holds it).
+        unsafe {
+            gpu_graph_gpu::search::answers::finished(s.answer_area().0, &self.server.info().answer_layout, &p.0.route())
+        }
     }
 
     /// The answer once the GPU has it, its times recorded in the latency

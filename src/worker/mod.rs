@@ -30,6 +30,7 @@ mod gpu_builds;
 mod image;
 mod latency;
 mod outcome;
+mod own_answer;
 mod own_core;
 mod profile;
 mod residency;

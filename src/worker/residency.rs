@@ -306,7 +306,7 @@ impl Residency {
             }
         }
         let nodes = image.len() as u32;
-        match device.install(image) {
+        match device.install(image, &rows) {
             Ok((handle, bytes)) => {
                 // the device may hold it smaller (fp16) or larger than planned
                 self.make_room(bytes, limit, device, shared);
@@ -430,7 +430,7 @@ unsafe fn resync(r: &mut Resident, device: &Device, shared: &Shared) -> Result<O
             // SAFETY: the caller's contract.
             match unsafe { image::resync(r.key, r.file, &mut t, &mut r.rows, &mut r.lsns, &mut r.meta) } {
                 None => None,
-                Some(read) => match gpu.patch(g, &t.patch) {
+                Some(read) => match gpu.patch(g, &mut t.patch, &r.rows) {
                     Ok(true) => {
                         r.nodes = t.patch.n as u32;
                         r.bytes = gpu.bytes(g).unwrap_or(r.bytes);
@@ -489,7 +489,7 @@ unsafe fn follow(
             let generation = unsafe { patch(r.key, r.file, &mut t, &mut r.rows, blocks, &mut r.lsns, &mut r.meta) };
             add(&shared.counters.patch_read_us, read.elapsed().as_micros() as u64);
             let Some(generation) = generation else { return Ok(None) };
-            match gpu.patch(g, &t.patch) {
+            match gpu.patch(g, &mut t.patch, &r.rows) {
                 Ok(true) => {
                     r.nodes = t.patch.n as u32;
                     r.bytes = gpu.bytes(g).unwrap_or(r.bytes);

@@ -23,6 +23,21 @@
 //! backends may still wait) and frees ABANDONED ones: the old worker is gone
 //! and will not answer them.
 //!
+//! A scan's search on the GPU can be collected by the scan itself
+//! (worker::own_answer): the worker publishes where the answer will be (its
+//! route) and leaves it to the backend while that one polls.
+//!
+//! ```text
+//! WORKING --backend sees the GPU finished--> COLLECTING --read--> COLLECTED --worker frees the GPU slot--> FREE
+//!    |
+//!    +-- backend asleep (it said so), the GPU finished --> ANSWERING (worker) --answer--> DONE
+//! ```
+//!
+//! One compare-and-swap out of WORKING decides who reads the answer (the
+//! backend's to COLLECTING, the worker's to ANSWERING or DONE), so the
+//! worker never frees the GPU slot under a backend reading it. A backend
+//! that gives up in ANSWERING leaves it ABANDONED, as in WORKING.
+//!
 //! The slots are a fixed ring; a backend looks for a free one starting at
 //! its own PGPROC number, so concurrent claims seldom meet.
 
@@ -31,6 +46,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::outcome::Outcome;
 use crate::gucs::EF_SEARCH_MAX;
+use gpu_graph_gpu::search::answers::Route;
 
 /// The most dimensions a query through the worker has (its slot's size and
 /// the search kernel's limit); wider ones search on the CPU.
@@ -48,6 +64,9 @@ pub enum State {
     Working = 3,
     Done = 4,
     Abandoned = 5,
+    Collecting = 6,
+    Collected = 7,
+    Answering = 8,
 }
 
 impl State {
@@ -58,6 +77,9 @@ impl State {
             2 => State::Submitted,
             3 => State::Working,
             4 => State::Done,
+            6 => State::Collecting,
+            7 => State::Collected,
+            8 => State::Answering,
             _ => State::Abandoned,
         }
     }
@@ -132,6 +154,14 @@ pub struct Reply {
 #[repr(C, align(64))]
 pub struct Slot {
     word: AtomicU64,
+    /// the sequence number whose `route` the worker has published
+    route_seq: AtomicU64,
+    /// the sequence number of the request whose backend sleeps on its latch
+    /// (the worker then answers it)
+    asleep: AtomicU64,
+    /// where the GPU writes the answer (written by the worker before it
+    /// publishes `route_seq`)
+    route: UnsafeCell<Route>,
     request: UnsafeCell<Request>,
     reply: UnsafeCell<Reply>,
 }
@@ -187,8 +217,10 @@ impl Slot {
             let to = match state {
                 _ if s != seq => return, // let go of already
                 State::Filling | State::Submitted | State::Done => State::Free,
-                State::Working => State::Abandoned,
-                State::Free | State::Abandoned => return,
+                State::Working | State::Answering => State::Abandoned,
+                // (a backend that read its answer: the worker frees the slot)
+                State::Collecting => State::Collected,
+                State::Free | State::Abandoned | State::Collected => return,
             };
             if self.cas(seq, state, to) {
                 return;
@@ -239,29 +271,176 @@ impl Slot {
         self.state() == (seq, State::Abandoned)
     }
 
-    /// Worker: WORKING → DONE after writing the reply; true when the backend
-    /// still waits (wake it). An abandoned slot is freed instead.
+    /// Worker: WORKING (or ANSWERING) → DONE after writing the reply; true
+    /// when the backend still waits (wake it). An abandoned slot is freed
+    /// instead.
     pub fn answer(&self, seq: u64) -> bool {
-        if self.cas(seq, State::Working, State::Done) {
+        if self.cas(seq, State::Working, State::Done) || self.cas(seq, State::Answering, State::Done) {
             return true;
         }
         self.cas(seq, State::Abandoned, State::Free);
         false
     }
 
-    /// A starting worker: requests the previous worker took are queued again,
-    /// abandoned ones freed.
+    /// Worker, in WORKING: where the GPU will write request `seq`'s answer,
+    /// for its backend to read there.
+    pub fn publish(&self, seq: u64, route: Route) {
+        // SAFETY: only the worker writes the route, in WORKING, before the
+        // release store below; a backend reads it only after an acquire
+        // load of that store under its own sequence number.
+        unsafe { *self.route.get() = route };
+        self.route_seq.store(seq, Ordering::Release);
+    }
+
+    /// Backend: the route the worker published for request `seq`.
+    pub fn route(&self, seq: u64) -> Option<Route> {
+        // SAFETY: published under `seq` (acquire): written before, and not
+        // again while the slot is this request's.
+        (self.route_seq.load(Ordering::Acquire) == seq).then(|| unsafe { *self.route.get() })
+    }
+
+    /// Backend: WORKING → COLLECTING; true when the backend now reads the
+    /// answer itself (the worker will not touch it until COLLECTED).
+    pub fn collect(&self, seq: u64) -> bool {
+        self.cas(seq, State::Working, State::Collecting)
+    }
+
+    /// Backend: COLLECTING → COLLECTED, the answer read.
+    pub fn collected(&self, seq: u64) {
+        self.word.store(word(seq, State::Collected), Ordering::Release);
+    }
+
+    /// Backend: about to sleep on its latch until the worker answers.
+    pub fn sleep(&self, seq: u64) {
+        // (SeqCst: ordered before the backend's next look at the state)
+        self.asleep.store(seq, Ordering::SeqCst);
+    }
+
+    /// Worker: whether the backend of request `seq` sleeps (or will).
+    pub fn asleep(&self, seq: u64) -> bool {
+        self.asleep.load(Ordering::SeqCst) == seq
+    }
+
+    /// Worker: WORKING → ANSWERING, before it reads the answer of a request
+    /// whose backend could read it too; false when the backend has.
+    pub fn answering(&self, seq: u64) -> bool {
+        self.cas(seq, State::Working, State::Answering)
+    }
+
+    /// Worker: COLLECTED → FREE once the GPU slot is free again.
+    pub fn free_collected(&self, seq: u64) -> bool {
+        self.cas(seq, State::Collected, State::Free)
+    }
+
+    /// A starting worker, before its device (and answer area) is set up:
+    /// requests the previous worker took are queued again, abandoned and
+    /// collected ones freed, and a backend reading its answer is let finish.
     pub fn recover(&self) {
+        self.route_seq.store(0, Ordering::Release);
         loop {
             let (seq, state) = self.state();
             let done = match state {
-                State::Working => self.cas(seq, State::Working, State::Submitted),
-                State::Abandoned => self.cas(seq, State::Abandoned, State::Free),
+                State::Working | State::Answering => self.cas(seq, state, State::Submitted),
+                State::Abandoned | State::Collected => self.cas(seq, state, State::Free),
+                State::Collecting => {
+                    std::hint::spin_loop();
+                    false
+                }
                 _ => true,
             };
             if done {
                 return;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A slot as shared memory starts it: all zero, FREE under sequence 0.
+    fn slot() -> Box<Slot> {
+        // SAFETY: every field of a Slot is valid all zero (atomics, plain
+        // numbers and arrays of them), as the shared memory that holds them.
+        unsafe { Box::<Slot>::new_zeroed().assume_init() }
+    }
+
+    /// Claimed, submitted and taken by the worker: WORKING under its seq.
+    fn working(s: &Slot) -> u64 {
+        let seq = s.claim().expect("a free slot");
+        s.submit(seq);
+        assert_eq!(s.take(), Some(seq));
+        seq
+    }
+
+    fn route() -> Route {
+        Route { slot: 3, cmd: 7, ctas: 2, k: 10, max_expand: 104 }
+    }
+
+    #[test]
+    fn a_polling_scan_reads_its_own_answer_and_the_worker_frees_the_slot() {
+        let s = slot();
+        let seq = working(&s);
+        assert_eq!(s.route(seq), None, "nothing published yet");
+        s.publish(seq, route());
+        assert_eq!(s.route(seq), Some(route()));
+        assert_eq!(s.route(seq + 1), None, "a route is its request's only");
+        assert!(s.collect(seq));
+        assert!(!s.answering(seq), "the worker must not read an answer the scan reads");
+        assert!(!s.answer(seq), "nor answer it");
+        assert_eq!(s.state(), (seq, State::Collecting));
+        s.collected(seq);
+        assert!(s.free_collected(seq));
+        assert_eq!(s.state(), (seq, State::Free));
+        assert_eq!(s.claim(), Some(seq + 1));
+    }
+
+    #[test]
+    fn the_worker_answers_a_scan_that_sleeps_and_the_scan_keeps_out() {
+        let s = slot();
+        let seq = working(&s);
+        s.publish(seq, route());
+        assert!(!s.asleep(seq));
+        s.sleep(seq);
+        assert!(s.asleep(seq));
+        assert!(s.answering(seq));
+        assert!(!s.collect(seq), "one compare-and-swap out of WORKING decides who reads");
+        assert!(s.answer(seq), "its backend still waits: wake it");
+        assert_eq!(s.state(), (seq, State::Done));
+    }
+
+    #[test]
+    fn a_backend_that_gives_up_leaves_each_state_to_its_owner() {
+        // reading its answer: the worker still frees the GPU slot
+        let s = slot();
+        let seq = working(&s);
+        assert!(s.collect(seq));
+        s.abandon(seq);
+        assert_eq!(s.state(), (seq, State::Collected));
+        assert!(s.free_collected(seq));
+        // while the worker answers: abandoned, freed by the worker's answer
+        let seq = working(&s);
+        assert!(s.answering(seq));
+        s.abandon(seq);
+        assert_eq!(s.state(), (seq, State::Abandoned));
+        assert!(!s.answer(seq), "no one to wake");
+        assert_eq!(s.state(), (seq, State::Free));
+    }
+
+    #[test]
+    fn a_new_worker_requeues_what_the_old_one_took_and_forgets_its_routes() {
+        let s = slot();
+        let seq = working(&s);
+        s.publish(seq, route());
+        assert!(s.answering(seq));
+        s.recover();
+        assert_eq!(s.state(), (seq, State::Submitted));
+        assert_eq!(s.route(seq), None, "the old worker's answer area is gone");
+        assert_eq!(s.take(), Some(seq));
+        assert!(s.collect(seq));
+        s.collected(seq);
+        s.recover();
+        assert_eq!(s.state(), (seq, State::Free));
     }
 }

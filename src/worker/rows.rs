@@ -30,6 +30,12 @@ impl Rows {
         self.0[node] = row;
     }
 
+    /// The rows of nodes `first..first + n` as the pages encode them (0:
+    /// not read), for the GPU's copy of them.
+    pub fn run(&self, first: usize, n: usize) -> Vec<u64> {
+        (first..first + n).map(|i| self.0.get(i).copied().unwrap_or(0)).collect()
+    }
+
     /// Node `node`'s row; None when it was never read (a row's line pointer
     /// is never 0).
     pub fn get(&self, node: u32) -> Option<u64> {

@@ -35,6 +35,8 @@ pub struct Shared {
     pub gpu_builders: GpuBuilders,
     /// the index pages backends changed (see `changes`)
     pub changes: ChangeLog,
+    /// the GPU worker's answer layout in the answer area (see `own_answer`)
+    pub answers: super::own_answer::Published,
 }
 
 pub const DEVICE_CPU: u32 = 1;
@@ -51,6 +53,12 @@ fn header_size() -> usize {
 }
 
 fn size(nslots: usize) -> usize {
+    // the answer area after the slots, on a page boundary of its own
+    answers_at(nslots) + super::own_answer::area_bytes() + super::own_answer::PAGE
+}
+
+/// Bytes from the header to the slots' end (the answer area follows, page-aligned).
+fn answers_at(nslots: usize) -> usize {
     header_size() + nslots * std::mem::size_of::<Slot>()
 }
 
@@ -77,6 +85,14 @@ impl Shared {
             let first = (self as *const Shared as *const u8).add(header_size()) as *const Slot;
             std::slice::from_raw_parts(first, self.nslots as usize)
         }
+    }
+
+    /// The answer area: where the GPU worker's server writes the answers
+    /// (page-aligned, the same address in every process: the postmaster's
+    /// mapping, inherited through fork), and its bytes.
+    pub fn answer_area(&self) -> (*mut u8, usize) {
+        let start = self as *const Shared as usize + answers_at(self.nslots as usize);
+        (start.next_multiple_of(super::own_answer::PAGE) as *mut u8, super::own_answer::area_bytes())
     }
 
     /// The core the worker keeps to itself, -1 for none.

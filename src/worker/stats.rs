@@ -53,6 +53,9 @@ pub struct Counters {
     pub taken: AtomicU64,
     pub answered: AtomicU64,
     pub searched: AtomicU64,
+    /// of the answers, those the scans read where the GPU wrote them
+    /// (worker::own_answer)
+    pub answers_read: AtomicU64,
     /// the worker's loop passes that took, answered, patched or loaded
     /// something: their time (ns). Against the wall clock, how busy its one
     /// thread is (its spinning while searches are on the device, and its
@@ -139,6 +142,7 @@ impl Counters {
             taken: AtomicU64::new(0),
             answered: AtomicU64::new(0),
             searched: AtomicU64::new(0),
+            answers_read: AtomicU64::new(0),
             work_ns: AtomicU64::new(0),
             take_ns: AtomicU64::new(0),
             progress_ns: AtomicU64::new(0),
@@ -363,6 +367,8 @@ struct Requests {
     taken: u64,
     answered: u64,
     searched: u64,
+    /// answers the scans read themselves where the GPU wrote them
+    read_by_scans: u64,
     mean_queue_us: Option<f64>,
     mean_search_us: Option<f64>,
     mean_roundtrip_us: Option<f64>,
@@ -467,6 +473,7 @@ fn gpu_graph_worker_stats() -> JsonB {
             taken,
             answered: get(&c.answered),
             searched: get(&c.searched),
+            read_by_scans: get(&c.answers_read),
             mean_queue_us: mean_of(c.latency.queue.sum_count()),
             mean_search_us: mean_of(c.latency.search.sum_count()),
             mean_roundtrip_us: mean_of(c.latency.roundtrip.sum_count()),

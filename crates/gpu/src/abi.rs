@@ -135,8 +135,7 @@ abi_structs! {
         pub metric: u32,
         pub lanes: u32,
         pub gen: u32,
-        pub pad0: u32,
-        pub pad1: u32,
+        pub rows: u64,
     }
 
     /// One copy of a patch to a resident index (`apply_patch`): `len`
@@ -219,7 +218,7 @@ abi_structs! {
         pub doorbell: u64,
         pub staging: u64,
         pub ring_log2: u32,
-        pub pad: u32,
+        pub cta_block: u32,
         pub patch_staging: u64,
         pub patch_ack: u64,
     }

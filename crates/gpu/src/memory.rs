@@ -73,6 +73,9 @@ pub struct Pinned {
     ptr: *mut u8,
     len: usize,
     device: u64,
+    /// the caller's memory, page-locked by [`Pinned::register`] (else the
+    /// driver's allocation)
+    registered: bool,
 }
 
 // SAFETY: the pointer is owned by this value; who may touch which bytes when
@@ -89,18 +92,44 @@ impl Pinned {
         // SAFETY: a plain allocation; the pointer is checked and zeroed below.
         let ptr =
             unsafe { result::malloc_host(len, flags) }.map_err(|e| cuda(&format!("pinning {what}"), e))? as *mut u8;
-        let mut p = Pinned { ctx: ctx.clone(), ptr, len, device: 0 };
+        let mut p = Pinned { ctx: ctx.clone(), ptr, len, device: 0, registered: false };
         // SAFETY: `len` bytes were just allocated at `ptr`.
         unsafe { std::ptr::write_bytes(ptr, 0, len) };
         if mapped {
-            let mut d: sys::CUdeviceptr = 0;
-            // SAFETY: `ptr` is a live DEVICEMAP allocation; cudarc has no
-            // wrapper for this call.
-            let r = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut d, ptr as *mut c_void, 0) };
-            r.result().map_err(|e| cuda(&format!("mapping {what}"), e))?;
-            p.device = d;
+            p.map(what)?;
         }
         Ok(p)
+    }
+
+    /// The caller's `len` bytes at `ptr` (page-aligned, a whole number of
+    /// pages), zeroed, page-locked and mapped into the device's address
+    /// space: memory other processes map too (shared memory), where they
+    /// read what the kernel writes.
+    ///
+    /// # Safety
+    /// The bytes stay mapped at `ptr` as long as the returned value lives,
+    /// and nothing else writes them meanwhile but through it.
+    pub unsafe fn register(ctx: &Arc<CudaContext>, ptr: *mut u8, len: usize, what: &str) -> Result<Pinned, GpuError> {
+        ctx.bind_to_thread().map_err(|e| cuda("binding the context", e))?;
+        // SAFETY: the caller's contract.
+        unsafe { std::ptr::write_bytes(ptr, 0, len) };
+        let flags = sys::CU_MEMHOSTREGISTER_PORTABLE | sys::CU_MEMHOSTREGISTER_DEVICEMAP;
+        // SAFETY: `len` bytes at `ptr` are the caller's, mapped (its contract).
+        let r = unsafe { sys::cuMemHostRegister_v2(ptr as *mut c_void, len, flags) };
+        r.result().map_err(|e| cuda(&format!("page-locking {what}"), e))?;
+        let mut p = Pinned { ctx: ctx.clone(), ptr, len, device: 0, registered: true };
+        p.map(what)?;
+        Ok(p)
+    }
+
+    fn map(&mut self, what: &str) -> Result<(), GpuError> {
+        let mut d: sys::CUdeviceptr = 0;
+        // SAFETY: `ptr` is live DEVICEMAP memory; cudarc has no wrapper for
+        // this call.
+        let r = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut d, self.ptr as *mut c_void, 0) };
+        r.result().map_err(|e| cuda(&format!("mapping {what}"), e))?;
+        self.device = d;
+        Ok(())
     }
 
     pub fn ptr(&self) -> *mut u8 {
@@ -121,10 +150,16 @@ impl Pinned {
 impl Drop for Pinned {
     fn drop(&mut self) {
         let _ = self.ctx.bind_to_thread();
-        // SAFETY: allocated by malloc_host in `new`, freed once; nothing
-        // reads it any more (the owner drops it after the kernel stopped, or
-        // leaks it when the kernel would not stop).
-        let _ = unsafe { result::free_host(self.ptr as *mut c_void) };
+        // SAFETY: allocated by malloc_host in `new` (or registered there),
+        // freed once; nothing reads it any more (the owner drops it after
+        // the kernel stopped, or leaks it when the kernel would not stop).
+        let _ = unsafe {
+            if self.registered {
+                sys::cuMemHostUnregister(self.ptr as *mut c_void).result()
+            } else {
+                result::free_host(self.ptr as *mut c_void)
+            }
+        };
     }
 }
 

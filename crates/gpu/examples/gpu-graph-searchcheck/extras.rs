@@ -58,6 +58,7 @@ fn grows(server: &SearchServer, ix: &Indexes, data: &Data, ef: usize, v: &mut Ve
         entry: full.graph.entry.unwrap_or(0),
         rows: vec![(first as u32, vec![node::LIVE; n - first], full.vectors[first * sd..].to_vec())],
         lists: vec![(0, full.graph.adjacency.clone())],
+        payloads: Vec::new(),
     };
     let t = Instant::now();
     let grew = server.patch(id, &patch);

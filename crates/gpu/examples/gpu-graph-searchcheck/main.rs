@@ -42,8 +42,10 @@ use gpu_graph_engine::distance::dot;
 use gpu_graph_engine::flat::FlatIndex;
 use gpu_graph_engine::metric::Metric;
 use gpu_graph_engine::recall::{exact_knn, mean_recall};
+use gpu_graph_gpu::search::answers::{self, AnswerArea, Route};
 use gpu_graph_gpu::search::{ResidentId, SearchPolicy, SearchServer, ServerConfig};
 use gpu_graph_gpu::{build, Gpu, KnnInit};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 pub const WAIT: Duration = Duration::from_secs(5);
 
@@ -255,6 +257,14 @@ fn start_server(gpu: &Gpu, o: &Opts, pol: Pol) -> SearchServer {
         batch_min_blocks: o.batch_min_blocks,
         ..ServerConfig::default()
     };
+    // answers in memory of this program's own (as the worker gives its
+    // shared memory): check_pass reads each answer's rows there
+    let bytes = answers::area_bytes(&cfg).expect("sizes").next_multiple_of(4096);
+    let layout = std::alloc::Layout::from_size_align(bytes, 4096).expect("layout");
+    // SAFETY: a non-zero size; leaked, so it outlives the server.
+    let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+    ANSWER_AREA.store(ptr as usize, Ordering::Relaxed);
+    let cfg = ServerConfig { answer_area: Some(AnswerArea { ptr: ptr as usize, len: bytes }), ..cfg };
     let t = Instant::now();
     let server = SearchServer::start(gpu, cfg).unwrap_or_else(|e| fatal(&format!("SearchServer::start: {e}")));
     let si = server.info();
@@ -278,9 +288,18 @@ fn start_server(gpu: &Gpu, o: &Opts, pol: Pol) -> SearchServer {
     server
 }
 
+/// The row a node is loaded with (check_pass finds it beside each hit).
+fn row_of(node: u32) -> u64 {
+    node as u64 * 3 + (1 << 40)
+}
+
+/// Where the answers of the last server started lie (start_server).
+static ANSWER_AREA: AtomicUsize = AtomicUsize::new(0);
+
 fn load(server: &SearchServer, ix: &FlatIndex, what: &str) -> ResidentId {
     let t = Instant::now();
-    let id = server.load(ix).unwrap_or_else(|e| fatal(&format!("load ({what}): {e}")));
+    let rows: Vec<u64> = (0..ix.len() as u32).map(row_of).collect();
+    let id = server.load_with_rows(ix, Some(&rows)).unwrap_or_else(|e| fatal(&format!("load ({what}): {e}")));
     let ri = server.resident_info(id).expect("just loaded");
     println!(
         "load ({what}): {} rows in {:.0} ms, {} MiB on the device, fp16 {}",
@@ -310,9 +329,16 @@ fn check_pass(
         let t = Instant::now();
         let (mut comp, mut exp) = (0u64, 0u64);
         for (qi, q) in ix.l2_queries.iter().enumerate() {
-            match server.submit(id, q, K, ef).and_then(|mut tk| server.wait(&mut tk, WAIT)) {
+            let mut route = None;
+            let answer = server.submit(id, q, K, ef).and_then(|mut tk| {
+                route = Some(tk.route());
+                server.wait(&mut tk, WAIT)
+            });
+            match answer {
                 Ok(a) => {
-                    if let Some(e) = check_answer(&a.hits, &ix.l2, K, q, None) {
+                    if let Some(e) = check_answer(&a.hits, &ix.l2, K, q, None)
+                        .or_else(|| route.and_then(|r| check_rows(server, r, &a.hits)))
+                    {
                         bad += 1;
                         first_bad.get_or_insert(format!("query {qi}: {e}"));
                     }
@@ -350,6 +376,37 @@ fn check_pass(
             exit(1);
         }
     }
+}
+
+/// The answer as read from the answer area by its route (as the worker's
+/// scans read theirs): the same hits, each with its node's row. Read after
+/// the server's own collect, before anything else used the slot.
+fn check_rows(server: &SearchServer, r: Route, hits: &[(f32, u32)]) -> Option<String> {
+    let si = server.info();
+    if !si.answer_area {
+        return Some("the server did not take the answer area".into());
+    }
+    let l = si.answer_layout;
+    let base = ANSWER_AREA.load(Ordering::Relaxed) as *const u8;
+    // SAFETY: the area outlives the server; the query finished (its answer
+    // was collected) and nothing has used its slot since (one thread).
+    let blocks = unsafe {
+        if !answers::finished(base, &l, &r) {
+            return Some(format!("finish word of slot {} is not {:#x}", r.slot, r.cmd));
+        }
+        answers::read(base.add(l.results_at as usize), &l, &r)
+    };
+    let got = match blocks {
+        Ok(b) => b.merged_rows(|_| true),
+        Err(e) => return Some(format!("reading the answer area: {e}")),
+    };
+    let with_rows: Vec<(f32, u32)> = got.iter().map(|h| (h.0, h.1)).collect();
+    if with_rows != hits {
+        return Some(format!("the area's hits {with_rows:?} are not the answer's {hits:?}"));
+    }
+    got.iter()
+        .find(|h| h.2 != row_of(h.1))
+        .map(|h| format!("node {}: row {:#x} beside the hit, loaded {:#x}", h.1, h.2, row_of(h.1)))
 }
 
 /// Shutdown frees the device memory the server took.

@@ -77,7 +77,7 @@ pub fn costs(server: &SearchServer, id: ResidentId, ix: &FlatIndex, queries: &[V
                     let u = next(n0 - others);
                     lists.push((u as u32, ix.graph.adjacency[u * d..(u + others) * d].to_vec()));
                 }
-                let p = Patch { n: n + 1, entry, rows: vec![row], lists };
+                let p = Patch { n: n + 1, entry, rows: vec![row], lists, payloads: Vec::new() };
                 let t = Instant::now();
                 match server.patch(id, &p) {
                     Ok(true) => {}

@@ -49,11 +49,25 @@ pub const MAX_LISTS: usize = 32;
 /// The least head is found by a scan of the lists' heads (a query has a few
 /// CTAs, and k is tens): no heap, and no allocation but the output's, on
 /// the worker's thread that merges every answer.
-pub fn merge_lists<T: Scored>(lists: &[&[T]], k: usize, mut keep: impl FnMut(u32) -> bool) -> Vec<(f32, u32)> {
-    assert!(lists.len() <= MAX_LISTS, "{} lists to merge, at most {MAX_LISTS}", lists.len());
+pub fn merge_lists<T: Scored>(lists: &[&[T]], k: usize, keep: impl FnMut(u32) -> bool) -> Vec<(f32, u32)> {
     let mut out: Vec<(f32, u32)> = Vec::with_capacity(k);
+    merge_by(lists, k, keep, |h: &T, _, _| out.push((h.dist(), h.node())));
+    out
+}
+
+/// The merge of [`merge_lists`], handing each kept entry to `emit` with its
+/// list and its position there (a caller that needs more of an entry than
+/// its distance and node: its row, beside the hits).
+pub fn merge_by<T: Scored>(
+    lists: &[&[T]],
+    k: usize,
+    mut keep: impl FnMut(u32) -> bool,
+    mut emit: impl FnMut(&T, usize, usize),
+) {
+    assert!(lists.len() <= MAX_LISTS, "{} lists to merge, at most {MAX_LISTS}", lists.len());
     let mut pos = [0usize; MAX_LISTS];
-    while out.len() < k {
+    let (mut out, mut last) = (0usize, None::<u32>);
+    while out < k {
         // the least head by (distance, node), the first list's on a tie
         let mut best: Option<(usize, f32, u32)> = None;
         for (i, l) in lists.iter().enumerate() {
@@ -65,14 +79,15 @@ pub fn merge_lists<T: Scored>(lists: &[&[T]], k: usize, mut keep: impl FnMut(u32
                 }
             }
         }
-        let Some((i, d, n)) = best else { break };
+        let Some((i, _, n)) = best else { break };
+        let at = pos[i];
         pos[i] += 1;
-        if out.last().is_some_and(|l| l.1 == n) || !keep(n) {
+        if last == Some(n) || !keep(n) {
             continue;
         }
-        out.push((d, n));
+        emit(&lists[i][at], i, at);
+        (out, last) = (out + 1, Some(n));
     }
-    out
 }
 
 #[cfg(test)]

@@ -86,6 +86,7 @@
 //!
 //! Measurements of plans and throughput: docs/benchmarks.md.
 
+pub mod answers;
 pub mod batch;
 mod doorbell;
 mod health;

@@ -59,7 +59,15 @@ pub struct ServerConfig {
     /// Resident blocks per SM the batch kernel is compiled for (its
     /// __launch_bounds__: fewer registers each, at least 1).
     pub batch_min_blocks: u32,
+    /// Where the answers go (see [`crate::search::answers`]): the caller's
+    /// shared memory, or None for memory of the server's own. An area too
+    /// small for the sizes the device gives is not used
+    /// ([`ServerInfo::answer_area`](super::ServerInfo)).
+    pub answer_area: Option<super::answers::AnswerArea>,
 }
+
+/// The most slots the server sizes itself to ([`ServerConfig::slots`] 0).
+pub const MAX_AUTO_SLOTS: usize = 256;
 
 /// When a resident index's vectors are kept in fp16 on the device: half the
 /// bytes a distance reads (a search's time is mostly those reads: 80% of
@@ -107,6 +115,7 @@ impl Default for ServerConfig {
             copy_requests: false,
             policy: SearchPolicy::default(),
             batch_min_blocks: DEFAULT_BATCH_MIN_BLOCKS,
+            answer_area: None,
         }
     }
 }
@@ -230,7 +239,7 @@ pub(crate) struct Sizing {
     pub max_indexes: usize,
     /// bytes of a slot's request: header and query
     pub req_stride: usize,
-    /// bytes of one CTA's answer: header and k_max hits
+    /// bytes of one CTA's answer: header, k_max hits, k_max rows
     pub cta_block: usize,
     /// bytes of a slot's answers
     pub result_stride: usize,
@@ -259,7 +268,7 @@ impl Sizing {
         let max_qwords = cfg.max_dim.max(1).next_multiple_of(8);
         let list_cap = cfg.max_list.max(1);
         let k_max = cfg.max_k.max(1).next_multiple_of(2);
-        let cta_block = size_of::<ResultHead>() + size_of::<ResultHit>() * k_max;
+        let cta_block = size_of::<ResultHead>() + (size_of::<ResultHit>() + size_of::<u64>()) * k_max;
         Ok(Sizing {
             slots: cfg.slots,
             ctas,
@@ -293,7 +302,8 @@ impl Sizing {
         // by default one warp an SM sub-partition (4 an SM) is left to the
         // batch kernel, whose blocks could otherwise never start
         let slots = if cfg.slots == 0 {
-            ((blocks_per_sm * sm_count).saturating_sub(self.batch_room() * sm_count) / self.ctas).clamp(1, 256)
+            ((blocks_per_sm * sm_count).saturating_sub(self.batch_room() * sm_count) / self.ctas)
+                .clamp(1, MAX_AUTO_SLOTS)
         } else {
             cfg.slots
         };

@@ -88,6 +88,9 @@ pub(crate) struct Resident {
     vectors: CudaSlice<u8>,
     adjacency: CudaSlice<u32>,
     d_flags: CudaSlice<u8>,
+    /// each node's row (the caller's payload: the worker's heap TIDs),
+    /// written beside the answers' hits; None when the load gave none
+    d_rows: Option<CudaSlice<u64>>,
     metric: u32,
 }
 
@@ -126,7 +129,7 @@ impl Resident {
             metric: self.metric,
             lanes: self.fmt.lanes,
             gen: self.gen,
-            ..IndexDesc::default()
+            rows: self.d_rows.as_ref().map_or(0, device_addr),
         }
     }
 }
@@ -142,6 +145,8 @@ pub struct Patch {
     pub rows: Vec<(u32, Vec<u8>, Vec<f32>)>,
     /// (first node, the run's lists, degree ids each)
     pub lists: Vec<(u32, Vec<u32>)>,
+    /// (first node, the run's rows): an index loaded with rows
+    pub payloads: Vec<(u32, Vec<u64>)>,
 }
 
 /// How long an unload waits for the queries that hold its index.
@@ -243,8 +248,13 @@ impl Registry {
         }
     }
 
-    pub fn load(&self, index: &FlatIndex) -> Result<ResidentId, SearchError> {
+    /// Uploads an index, with each node's row when `payloads` (one a node)
+    /// is given.
+    pub fn load(&self, index: &FlatIndex, payloads: Option<&[u64]>) -> Result<ResidentId, SearchError> {
         let n = self.check(index)?;
+        if payloads.is_some_and(|p| p.len() != n) {
+            return Err(SearchError::Invalid(format!("{} rows for {n} nodes", payloads.map_or(0, |p| p.len()))));
+        }
         let dim = index.stored_dim;
         // fp16 rows when the registry's rule takes them, else fp32
         let round = self.half == HalfRows::Rounded;
@@ -269,7 +279,7 @@ impl Registry {
             e[i] = Entry::Busy;
             i
         };
-        let r = self.upload(table, index, n, fmt, &rows);
+        let r = self.upload(table, index, n, fmt, &rows, payloads);
         let mut e = self.entries.write();
         match r {
             Ok(res) => {
@@ -318,11 +328,12 @@ impl Registry {
         n: usize,
         fmt: RowFormat,
         rows: &[u8],
+        payloads: Option<&[u64]>,
     ) -> Result<Resident, GpuError> {
         let mgmt = self.mgmt.lock();
         let capacity = capacity_for(n);
         let degree = ix.graph.degree;
-        let bytes = capacity * (fmt.row_bytes() + degree * 4 + 1);
+        let bytes = capacity * (fmt.row_bytes() + degree * 4 + 1 + if payloads.is_some() { 8 } else { 0 });
         let (free, _) = mgmt.context().mem_get_info().map_err(|e| cuda("cuMemGetInfo", e))?;
         if bytes + (256 << 20) > free {
             return Err(GpuError::OutOfMemory { needed: bytes, free, what: "a resident index".into() });
@@ -344,6 +355,14 @@ impl Registry {
         }
         .map_err(|e| up("the graph", e))?;
         mgmt.memcpy_htod(&ix.flags, &mut d_flags.slice_mut(..n)).map_err(|e| up("the flags", e))?;
+        let d_rows = match payloads {
+            Some(p) => {
+                let mut d = zeroed::<u64>(&mgmt, capacity, "the rows")?;
+                mgmt.memcpy_htod(p, &mut d.slice_mut(..n)).map_err(|e| up("the rows", e))?;
+                Some(d)
+            }
+            None => None,
+        };
         let gen = self.next_gen.fetch_add(1, Ordering::Relaxed).max(1);
         let mut flags: Vec<AtomicU8> = ix.flags.iter().map(|&f| AtomicU8::new(f)).collect();
         flags.resize_with(capacity, || AtomicU8::new(node::FREE));
@@ -362,6 +381,7 @@ impl Registry {
             vectors,
             adjacency,
             d_flags,
+            d_rows,
             metric: if ix.metric == Metric::InnerProduct { abi::METRIC_IP } else { abi::METRIC_L2 },
         };
         self.write_desc(&mgmt, table, &res.desc())?;
@@ -463,7 +483,10 @@ impl Registry {
         }
         let dim = res.dim;
         let fits = |r: &(u32, Vec<u8>, Vec<f32>)| r.0 as usize + r.1.len() <= p.n && r.2.len() == r.1.len() * dim;
-        if !p.rows.iter().all(fits) || !p.lists.iter().all(|l| l.0 as usize + l.1.len() / res.degree <= p.n) {
+        if !p.rows.iter().all(fits)
+            || !p.lists.iter().all(|l| l.0 as usize + l.1.len() / res.degree <= p.n)
+            || !p.payloads.iter().all(|r| r.0 as usize + r.1.len() <= p.n)
+        {
             return Err(SearchError::Invalid("a patch beyond its node count".into()));
         }
         // the rows in the device's format, checked before anything changes
@@ -498,6 +521,15 @@ impl Registry {
             let at = device_addr(&res.vectors) + (*first as usize * rb) as u64;
             up.put(at, rows.len(), |o| o.copy_from_slice(rows))?;
             up.put(device_addr(&res.d_flags) + *first as u64, flags.len(), |o| o.copy_from_slice(flags))?;
+        }
+        if let Some(d) = &res.d_rows {
+            for (first, rows) in &p.payloads {
+                up.put(device_addr(d) + *first as u64 * 8, rows.len() * 8, |o| {
+                    for (o, r) in o.chunks_exact_mut(8).zip(rows) {
+                        o.copy_from_slice(&r.to_ne_bytes());
+                    }
+                })?;
+            }
         }
         for (first, lists) in &p.lists {
             let at = device_addr(&res.adjacency) + (*first as usize * res.degree * 4) as u64;
@@ -549,7 +581,7 @@ impl Registry {
         let mgmt = self.mgmt.lock();
         let fail = |e| SearchError::from(cuda("growing a resident index", e));
         let (capacity, rb, degree) = (capacity_for(n), old.fmt.row_bytes(), old.degree);
-        let bytes = capacity * (rb + degree * 4 + 1);
+        let bytes = capacity * (rb + degree * 4 + 1 + if old.d_rows.is_some() { 8 } else { 0 });
         let (free, _) = mgmt.context().mem_get_info().map_err(fail)?;
         if bytes + (256 << 20) > free {
             return Ok(false);
@@ -557,6 +589,10 @@ impl Registry {
         let vectors = zeroed::<u8>(&mgmt, capacity * rb, "the vectors")?;
         let adjacency = zeroed::<u32>(&mgmt, capacity * degree, "the graph")?;
         let d_flags = zeroed::<u8>(&mgmt, capacity, "the flags")?;
+        let d_rows = match &old.d_rows {
+            Some(_) => Some(zeroed::<u64>(&mgmt, capacity, "the rows")?),
+            None => None,
+        };
         let was = old.capacity;
         // SAFETY: each copy within both arrays (the old holds `was` rows,
         // lists, flags; the new `capacity` > `was`), the rest of the new
@@ -567,6 +603,9 @@ impl Registry {
             result::memcpy_dtod_async(device_addr(&adjacency), device_addr(&old.adjacency), was * degree * 4, s)
                 .map_err(fail)?;
             result::memcpy_dtod_async(device_addr(&d_flags), device_addr(&old.d_flags), was, s).map_err(fail)?;
+            if let (Some(new), Some(old)) = (&d_rows, &old.d_rows) {
+                result::memcpy_dtod_async(device_addr(new), device_addr(old), was * 8, s).map_err(fail)?;
+            }
             let rest = device_addr(&adjacency) + (was * degree * 4) as u64;
             result::memset_d8_async(rest, 0xFF, (capacity - was) * degree * 4, s).map_err(fail)?;
         }
@@ -587,6 +626,7 @@ impl Registry {
             vectors,
             adjacency,
             d_flags,
+            d_rows,
             metric: old.metric,
         };
         // the copies first, then the entry (write_desc waits for both)

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use cudarc::driver::CudaContext;
 use gpu_graph_engine::flat::FlatIndex;
 
+use super::answers::{AnswerLayout, Route};
 use super::batch::{BatchAnswers, BatchKernel, BatchTicket};
 use super::doorbell::Doorbell;
 use super::health::Health;
@@ -104,6 +105,11 @@ pub struct ServerInfo {
     pub batch_blocks: usize,
     /// resident blocks per SM of the batch kernel at the largest shared size
     pub batch_blocks_per_sm: u32,
+    /// the answers' layout, and whether they are in the caller's
+    /// [`ServerConfig::answer_area`] (where the caller reads them:
+    /// [`Ticket::route`], [`crate::search::answers`])
+    pub answer_layout: AnswerLayout,
+    pub answer_area: bool,
 }
 
 /// Most blocks of a batch launch (each has a visited table of its own).
@@ -117,11 +123,18 @@ pub struct Ticket {
     slot: u32,
     cmd: u32,
     done: bool,
+    route: Route,
 }
 
 impl Ticket {
     pub fn slot(&self) -> usize {
         self.slot as usize
+    }
+    /// Where its answer will be ([`crate::search::answers`]): a caller that
+    /// reads it there itself then drops the ticket, which frees the slot
+    /// (the GPU having finished it).
+    pub fn route(&self) -> Route {
+        self.route
     }
     pub fn is_answered(&self) -> bool {
         self.done
@@ -206,7 +219,9 @@ impl SearchServer {
             gpu.reserve(z.device_bytes() + batch_bytes, "the GPU search server")?;
             let mgmt = gpu.ctx.new_stream().map_err(|e| cuda("creating a stream", e))?;
             let doorbell = if z.doorbell { Some(Arc::new(Doorbell::new(&gpu.ctx, z.ring_log2)?)) } else { None };
-            let slots = Slots::new(&gpu.ctx, &z, &mgmt, &doorbell)?;
+            // the caller's answer area, where the sizes fit it
+            let area = cfg.answer_area.filter(|a| AnswerLayout::of(&z).bytes() <= a.len);
+            let slots = Slots::new(&gpu.ctx, &z, &mgmt, &doorbell, area)?;
             let scatter = if scatter { Some(Scatter::new(&kernel.module, &mgmt, PATCH_STAGING)?) } else { None };
             let registry = Registry::new(&z, cfg.max_dim, cfg.half_rows, mgmt, scatter, doorbell)?;
             let batch = BatchKernel::new(
@@ -246,6 +261,8 @@ impl SearchServer {
                 compile_ms: kernel.compile_ms,
                 batch_blocks,
                 batch_blocks_per_sm: batch_per_sm as u32,
+                answer_layout: slots.layout(),
+                answer_area: area.is_some(),
             };
             let inner = Inner {
                 info,
@@ -275,8 +292,15 @@ impl SearchServer {
     /// Uploads an index; queries name it by the returned id. Several indexes
     /// can be resident at once. Safe while queries run.
     pub fn load(&self, index: &FlatIndex) -> Result<ResidentId, SearchError> {
+        self.load_with_rows(index, None)
+    }
+
+    /// [`SearchServer::load`] with each node's row (`rows`, one a node),
+    /// which the persistent kernel writes beside each hit of an answer and
+    /// patches keep ([`Patch::payloads`]).
+    pub fn load_with_rows(&self, index: &FlatIndex, rows: Option<&[u64]>) -> Result<ResidentId, SearchError> {
         self.inner.health.usable()?;
-        let r = self.inner.registry.load(index);
+        let r = self.inner.registry.load(index, rows);
         self.inner.fatal_or(r)
     }
 
@@ -567,7 +591,10 @@ impl Inner {
         // the index's patches so far land before this query starts
         let sent = this.slots.send(slot, &mut st, &res, query, k, plan, hold, this.registry.patched());
         match sent {
-            Ok(cmd) => Ok(Ticket { inner: Arc::downgrade(this), slot, cmd, done: false }),
+            Ok(cmd) => {
+                let route = this.slots.route(slot, &st);
+                Ok(Ticket { inner: Arc::downgrade(this), slot, cmd, done: false, route })
+            }
             Err(why) => {
                 this.slots.release(slot, &mut st);
                 Err(this.health.poison(why, true))

@@ -33,12 +33,12 @@ use cudarc::driver::sys::{self, CUresult};
 use cudarc::driver::{result, CudaContext, CudaEvent, CudaSlice, CudaStream};
 use parking_lot::{Mutex, MutexGuard};
 
+use super::answers::{self, AnswerArea, AnswerLayout, Route};
 use super::doorbell::Doorbell;
 use super::launch::err_name;
-use super::merge::{merge_lists, MAX_LISTS};
-use super::plan::{QueryPlan, Sizing, FINISH_STRIDE_WORDS};
+use super::plan::{QueryPlan, Sizing};
 use super::registry::Resident;
-use crate::abi::{self, RequestHead, ResultHead, ResultHit, SearchParams};
+use crate::abi::{self, RequestHead, SearchParams};
 use crate::error::{cuda, GpuError};
 use crate::memory::{device_addr, memcpy_htod_many, zeroed, Pinned, PlainDevice};
 
@@ -114,8 +114,10 @@ pub(crate) struct Slots {
     reqs: CudaSlice<u8>,
     visited: CudaSlice<u64>,
     staging: Pinned,
-    results: Pinned,
-    finish: Pinned,
+    /// the finish words, then the result blocks (mapped; the caller's
+    /// shared memory when it gave an [`AnswerArea`])
+    answers: Pinned,
+    layout: AnswerLayout,
     words: Pinned,
     /// the doorbell (None: requests copied)
     doorbell: Option<Arc<Doorbell>>,
@@ -132,7 +134,15 @@ impl Slots {
         z: &Sizing,
         mgmt: &Arc<CudaStream>,
         doorbell: &Option<Arc<Doorbell>>,
+        area: Option<AnswerArea>,
     ) -> Result<Slots, GpuError> {
+        let layout = AnswerLayout::of(z);
+        let answers = match area {
+            // SAFETY: the area's owner keeps it mapped as long as the server
+            // (ServerConfig::answer_area), and it fits (checked at start).
+            Some(a) => unsafe { Pinned::register(ctx, a.ptr as *mut u8, a.len, "the answer area")? },
+            None => Pinned::new(ctx, layout.bytes(), true, "the answers")?,
+        };
         let (slots, groups) = (z.slots, z.groups);
         let mut gs = Vec::with_capacity(groups);
         let mut group_of = vec![0u16; slots];
@@ -158,8 +168,8 @@ impl Slots {
             reqs: zeroed(mgmt, slots * z.req_stride, "the request buffers")?,
             visited: zeroed(mgmt, slots << z.visited_log2, "the visited tables")?,
             staging: Pinned::new(ctx, slots * z.req_stride, z.doorbell, "the request staging")?,
-            results: Pinned::new(ctx, slots * z.result_stride, true, "the result blocks")?,
-            finish: Pinned::new(ctx, slots * FINISH_STRIDE_WORDS * 4, true, "the finish words")?,
+            answers,
+            layout,
             words: Pinned::new(ctx, slots * 4, false, "the slot word staging")?,
             doorbell: doorbell.clone(),
             z: z.clone(),
@@ -184,13 +194,14 @@ impl Slots {
         p.reqs = device_addr(&self.reqs);
         p.visited = device_addr(&self.visited);
         p.done = device_addr(&self.done);
-        p.results = self.results.device_addr();
-        p.finish = self.finish.device_addr();
+        p.results = self.answers.device_addr() + self.layout.results_at as u64;
+        p.finish = self.answers.device_addr();
         p.req_stride = self.z.req_stride as u32;
         p.visited_log2 = self.z.visited_log2;
-        p.result_stride = self.z.result_stride as u32;
-        p.k_max = self.z.k_max as u32;
-        p.finish_stride = FINISH_STRIDE_WORDS as u32;
+        p.result_stride = self.layout.result_stride;
+        p.cta_block = self.layout.cta_block;
+        p.k_max = self.layout.k_max;
+        p.finish_stride = self.layout.finish_stride / 4;
         p.ctas_per_slot = self.z.ctas as u32;
         p.list_cap = self.z.list_cap as u32;
         p.max_qwords = self.z.max_qwords as u32;
@@ -203,6 +214,13 @@ impl Slots {
 
     pub fn count(&self) -> usize {
         self.states.len()
+    }
+    pub fn layout(&self) -> AnswerLayout {
+        self.layout
+    }
+    /// The route of the query in `slot` (its state says which).
+    pub fn route(&self, slot: u32, st: &SlotState) -> Route {
+        Route { slot, cmd: st.cmd, ctas: st.ctas, k: st.k, max_expand: st.max_expand }
     }
     pub fn groups(&self) -> usize {
         self.groups.len()
@@ -236,10 +254,10 @@ impl Slots {
 
     /// The last value the kernel finished in this slot.
     pub fn finish_word(&self, slot: u32) -> u32 {
-        // SAFETY: inside the mapped finish array, 4-aligned, alive as long as
-        // self; the GPU writes it, so it is read atomically.
+        // SAFETY: inside the mapped finish words, 4-aligned, alive as long
+        // as self; the GPU writes it, so it is read atomically.
         unsafe {
-            let w = self.finish.ptr().add(slot as usize * FINISH_STRIDE_WORDS * 4) as *const AtomicU32;
+            let w = self.answers.ptr().add(slot as usize * self.layout.finish_stride as usize) as *const AtomicU32;
             (*w).load(Ordering::Acquire)
         }
     }
@@ -444,54 +462,24 @@ impl Slots {
     /// frees the slot and merges the CTAs' lists. Err: an answer that makes
     /// no sense (a CTA answered another query, or found no index).
     pub fn collect(&self, slot: u32, st: &mut SlotState) -> Result<Answer, String> {
-        let (ctas, k, cmd) = (st.ctas as usize, st.k as usize, st.cmd);
+        let route = self.route(slot, st);
         // each CTA's hits where the GPU wrote them, merged in place before
         // the slot is let go (another thread may submit to it after)
-        let mut lists: [&[ResultHit]; MAX_LISTS] = [&[]; MAX_LISTS];
-        let (mut expanded, mut computed, mut capped) = (0u32, 0u32, 0u32);
-        let (mut first, mut last, mut times) = (u64::MAX, 0u64, KernelTimes::default());
-        let mut bad = None;
-        for (c, list) in lists.iter_mut().enumerate().take(ctas) {
-            let at = slot as usize * self.z.result_stride + c * self.z.cta_block;
-            // SAFETY: the GPU wrote this block before the finish word we read
-            // with acquire; nobody writes it again until the slot is reused,
-            // and it is released below, after the merge.
-            let (head, hits) = unsafe {
-                let base = self.results.ptr().add(at);
-                let head = std::ptr::read_volatile(base as *const ResultHead);
-                let n = (head.count as usize).min(k);
-                (head, std::slice::from_raw_parts(base.add(std::mem::size_of::<ResultHead>()) as *const ResultHit, n))
-            };
-            if head.cmd != cmd {
-                bad = Some(format!("CTA {c} answered {:#x} for {cmd:#x}", head.cmd));
-                break;
-            }
-            if head.expanded == abi::OUT_BAD_INDEX {
-                bad = Some("the kernel found no such index".into());
-                break;
-            }
-            expanded = expanded.saturating_add(head.expanded);
-            computed = computed.saturating_add(head.computed);
-            capped += (head.expanded >= st.max_expand) as u32;
-            first = first.min(head.picked);
-            last = last.max(head.picked + head.search_ns as u64);
-            times.start_ns = times.start_ns.max(head.start_ns);
-            times.steps = times.steps.max(head.steps);
-            if head.cycles >= times.cycles {
-                (times.cycles, times.claim_cycles, times.dist_cycles, times.merge_cycles) =
-                    (head.cycles, head.claim_cycles, head.dist_cycles, head.merge_cycles);
-            }
-            *list = hits;
-        }
+        // SAFETY: the result blocks follow the finish words in `answers`;
+        // the caller read the finish word `st.cmd`; the slot is released
+        // only below, after the merge.
+        let read =
+            unsafe { answers::read(self.answers.ptr().add(self.layout.results_at as usize), &self.layout, &route) };
         let res = st.resident.as_ref().expect("a busy slot names its index");
-        // (a query has at most MAX_LISTS CTAs: QueryPlan)
-        let hits = if bad.is_none() { merge_lists(&lists[..ctas], k, |v| res.is_result(v)) } else { Vec::new() };
+        let answer = read.map(|b| Answer {
+            hits: b.merged(|v| res.is_result(v)),
+            expanded: b.expanded,
+            computed: b.computed,
+            capped: b.capped,
+            times: b.times,
+        });
         self.release(slot, st);
-        if let Some(b) = bad {
-            return Err(b);
-        }
-        times.span_ns = last.saturating_sub(first).min(u32::MAX as u64) as u32;
-        Ok(Answer { hits, expanded, computed, capped, times })
+        answer
     }
 
     /// A dropped ticket: the slot comes back now if the GPU has finished it,

@@ -185,3 +185,109 @@ impl Blocks<'_> {
         out
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::mem::size_of;
+
+    const K_MAX: usize = 4;
+
+    /// Two slots of two CTAs each, laid out as `AnswerLayout::of` does.
+    fn layout() -> AnswerLayout {
+        let cta_block = size_of::<ResultHead>() + (size_of::<ResultHit>() + size_of::<u64>()) * K_MAX;
+        AnswerLayout {
+            slots: 2,
+            finish_stride: 64,
+            result_stride: (2 * cta_block).next_multiple_of(128) as u32,
+            cta_block: cta_block as u32,
+            k_max: K_MAX as u32,
+            results_at: 128,
+        }
+    }
+
+    /// An answer area as the kernel leaves it (8-aligned, as the page-locked
+    /// area is).
+    struct Area {
+        l: AnswerLayout,
+        words: Vec<u64>,
+    }
+
+    impl Area {
+        fn new() -> Area {
+            let l = layout();
+            Area { l, words: vec![0; l.bytes().div_ceil(8)] }
+        }
+
+        fn at(&mut self, byte: usize) -> *mut u8 {
+            assert!(byte < self.l.bytes());
+            // SAFETY: inside the words (checked above).
+            unsafe { (self.words.as_mut_ptr() as *mut u8).add(byte) }
+        }
+
+        /// CTA `cta` of `slot` answering `cmd` with (distance, node, row)
+        /// nearest first.
+        fn cta(&mut self, slot: u32, cta: usize, cmd: u32, expanded: u32, hits: &[(f32, u32, u64)]) {
+            let (l, k_max) = (self.l, self.l.k_max as usize);
+            let base =
+                self.at(l.results_at as usize + slot as usize * l.result_stride as usize + cta * l.cta_block as usize);
+            let head = ResultHead { cmd, count: hits.len() as u32, expanded, computed: 10, ..Default::default() };
+            // SAFETY: the block lies inside the area, as `read` reads it.
+            unsafe {
+                std::ptr::write(base as *mut ResultHead, head);
+                let h = base.add(size_of::<ResultHead>()) as *mut ResultHit;
+                let r = h.add(k_max) as *mut u64;
+                for (i, &(dist, id, row)) in hits.iter().enumerate() {
+                    *h.add(i) = ResultHit { dist, id };
+                    *r.add(i) = row;
+                }
+            }
+        }
+
+        fn finish(&mut self, slot: u32, cmd: u32) {
+            let at = self.at(slot as usize * self.l.finish_stride as usize);
+            // SAFETY: a 4-aligned word inside the finish words.
+            unsafe { (*(at as *const AtomicU32)).store(cmd, Ordering::Release) };
+        }
+
+        fn finished(&self, r: &Route) -> bool {
+            // SAFETY: the area's start; the layout is the one it was written in.
+            unsafe { finished(self.words.as_ptr() as *const u8, &self.l, r) }
+        }
+
+        fn read(&self, r: &Route) -> Result<Vec<(f32, u32, u64)>, String> {
+            let results = (self.words.as_ptr() as *const u8).wrapping_add(self.l.results_at as usize);
+            // SAFETY: the result blocks of the area, finished for `r`.
+            unsafe { read(results, &self.l, r) }.map(|b| b.merged_rows(|_| true))
+        }
+    }
+
+    #[test]
+    fn a_scan_reads_the_ctas_answers_merged_with_their_rows() {
+        let mut a = Area::new();
+        let r = Route { slot: 1, cmd: 0x42, ctas: 2, k: 3, max_expand: 100 };
+        a.cta(1, 0, r.cmd, 12, &[(0.5, 7, 70), (1.5, 9, 90), (2.5, 11, 110)]);
+        // the CTAs' lists may share a node (the server's collect drops
+        // such repeats too): once, with its row
+        a.cta(1, 1, r.cmd, 14, &[(0.25, 3, 30), (0.5, 7, 70)]);
+        assert!(!a.finished(&r), "no finish word yet");
+        a.finish(1, r.cmd);
+        assert!(a.finished(&r));
+        assert!(!a.finished(&Route { cmd: 0x43, ..r }), "another request of the slot");
+        assert_eq!(a.read(&r).unwrap(), vec![(0.25, 3, 30), (0.5, 7, 70), (1.5, 9, 90)]);
+        // a CTA that sat the query out is not read
+        assert_eq!(a.read(&Route { ctas: 1, ..r }).unwrap(), vec![(0.5, 7, 70), (1.5, 9, 90), (2.5, 11, 110)]);
+    }
+
+    #[test]
+    fn an_answer_that_makes_no_sense_is_refused() {
+        let mut a = Area::new();
+        let r = Route { slot: 0, cmd: 0x21, ctas: 2, k: 2, max_expand: 100 };
+        a.cta(0, 0, r.cmd, 5, &[(1.0, 1, 10)]);
+        a.cta(0, 1, 0x20, 5, &[(2.0, 2, 20)]);
+        a.finish(0, r.cmd);
+        assert!(a.read(&r).unwrap_err().contains("answered 0x20 for 0x21"));
+        a.cta(0, 1, r.cmd, abi::OUT_BAD_INDEX, &[]);
+        assert_eq!(a.read(&r).unwrap_err(), "the kernel found no such index");
+    }
+}

@@ -246,7 +246,7 @@ unsafe fn ask(index: pg_sys::Relation, meta: &Meta, query: &[f32], ef: usize) ->
                     let hits = own
                         .hits
                         .iter()
-                        .all(|h| h.2 & 0xFFFF != 0)
+                        .all(|h| super::rows::known(h.2))
                         .then(|| hits_with_rows(meta, own.hits.iter().copied()));
                     Replied { nodes, hits }
                 }

@@ -36,9 +36,14 @@ impl Rows {
         (first..first + n).map(|i| self.0.get(i).copied().unwrap_or(0)).collect()
     }
 
-    /// Node `node`'s row; None when it was never read (a row's line pointer
-    /// is never 0).
+    /// Node `node`'s row; None when it was never read.
     pub fn get(&self, node: u32) -> Option<u64> {
-        self.0.get(node as usize).copied().filter(|r| r & 0xFFFF != 0)
+        self.0.get(node as usize).copied().filter(|&r| known(r))
     }
+}
+
+/// Whether a row as a copy holds it (here, or as the GPU wrote it beside a
+/// hit) is one read from the pages: a row's line pointer is never 0.
+pub fn known(row: u64) -> bool {
+    row & 0xFFFF != 0
 }

@@ -152,6 +152,13 @@ pub struct Patch {
 /// How long an unload waits for the queries that hold its index.
 const UNLOAD_WAIT: Duration = Duration::from_millis(100);
 
+/// Device bytes a node of a resident index takes: its vector of
+/// `vector_bytes`, its list of `degree` ids, its flag byte and, with
+/// `rows`, its u64 row (the caller's payload).
+fn node_bytes(vector_bytes: usize, degree: usize, rows: bool) -> usize {
+    vector_bytes + degree * 4 + 1 + if rows { 8 } else { 0 }
+}
+
 /// Rows a resident index is given room to grow by beyond its nodes at load
 /// (an eighth, at least 1024): inserts patch it in place until it is full.
 fn capacity_for(n: usize) -> usize {
@@ -333,7 +340,7 @@ impl Registry {
         let mgmt = self.mgmt.lock();
         let capacity = capacity_for(n);
         let degree = ix.graph.degree;
-        let bytes = capacity * (fmt.row_bytes() + degree * 4 + 1 + if payloads.is_some() { 8 } else { 0 });
+        let bytes = capacity * node_bytes(fmt.row_bytes(), degree, payloads.is_some());
         let (free, _) = mgmt.context().mem_get_info().map_err(|e| cuda("cuMemGetInfo", e))?;
         if bytes + (256 << 20) > free {
             return Err(GpuError::OutOfMemory { needed: bytes, free, what: "a resident index".into() });
@@ -581,7 +588,7 @@ impl Registry {
         let mgmt = self.mgmt.lock();
         let fail = |e| SearchError::from(cuda("growing a resident index", e));
         let (capacity, rb, degree) = (capacity_for(n), old.fmt.row_bytes(), old.degree);
-        let bytes = capacity * (rb + degree * 4 + 1 + if old.d_rows.is_some() { 8 } else { 0 });
+        let bytes = capacity * node_bytes(rb, degree, old.d_rows.is_some());
         let (free, _) = mgmt.context().mem_get_info().map_err(fail)?;
         if bytes + (256 << 20) > free {
             return Ok(false);

@@ -158,10 +158,11 @@ fn held(server: &SearchServer, id: ResidentId, ix: &Indexes, data: &Data, ef: us
 /// Both indexes at once, 32 threads, every answer checked.
 fn two_at_once(server: &SearchServer, (id, ip_id): (ResidentId, ResidentId), ix: &Indexes, v: &mut Verdict) {
     let (errs, cnt) = (AtomicUsize::new(0), AtomicUsize::new(0));
+    let first_bad = std::sync::Mutex::new(None);
     let t = Instant::now();
     std::thread::scope(|s| {
         for th in 0..32 {
-            let (errs, cnt) = (&errs, &cnt);
+            let (errs, cnt, first_bad) = (&errs, &cnt, &first_bad);
             s.spawn(move || {
                 for i in 0..200 {
                     let qi = (th * 200 + i) % ix.l2_queries.len();
@@ -170,11 +171,17 @@ fn two_at_once(server: &SearchServer, (id, ip_id): (ResidentId, ResidentId), ix:
                     } else {
                         (ip_id, &ix.ip_queries[qi], &ix.ip)
                     };
-                    match server.submit(rid, q, K, 40).and_then(|mut t| server.wait(&mut t, WAIT)) {
-                        Ok(a) if check_answer(&a.hits, index, K, q, None).is_none() => {
-                            cnt.fetch_add(1, Ordering::Relaxed)
+                    let bad = match server.submit(rid, q, K, 40).and_then(|mut t| server.wait(&mut t, WAIT)) {
+                        Ok(a) => check_answer(&a.hits, index, K, q, None),
+                        Err(e) => Some(e.to_string()),
+                    };
+                    match bad {
+                        None => cnt.fetch_add(1, Ordering::Relaxed),
+                        Some(why) => {
+                            let which = if index.metric == ix.l2.metric { "l2" } else { "inner product" };
+                            first_bad.lock().unwrap().get_or_insert(format!("{which} query {qi}: {why}"));
+                            errs.fetch_add(1, Ordering::Relaxed)
                         }
-                        _ => errs.fetch_add(1, Ordering::Relaxed),
                     };
                 }
             });
@@ -182,7 +189,8 @@ fn two_at_once(server: &SearchServer, (id, ip_id): (ResidentId, ResidentId), ix:
     });
     let (c, e) = (cnt.load(Ordering::Relaxed), errs.load(Ordering::Relaxed));
     let qps = c as f64 / t.elapsed().as_secs_f64();
-    v.check(e == 0, format!("two indexes at once: {c} answers checked, {e} bad, {qps:.0} queries/s"));
+    let first = first_bad.into_inner().unwrap().map(|b| format!(" (first: {b})")).unwrap_or_default();
+    v.check(e == 0, format!("two indexes at once: {c} answers checked, {e} bad{first}, {qps:.0} queries/s"));
 }
 
 /// The 3 nearest of the first 200 queries and every 20th node deleted:

@@ -87,6 +87,14 @@ impl DataArgs {
         let truth = match &self.gt {
             Some(p) => {
                 let gt = read_ivecs(p, Some(queries.len())).unwrap_or_else(|e| usage(&format!("{}: {e}", p.display())));
+                // ids of the whole base file, when --rows read fewer
+                if let Some(&id) = gt.data.iter().find(|&&id| id < 0 || id as usize >= base.len()) {
+                    usage(&format!(
+                        "{}: the ground truth names row {id}, beyond the {} rows read (--rows): leave out --gt to compute it",
+                        p.display(),
+                        base.len()
+                    ));
+                }
                 truth_from_ids(&base, &queries, &gt, K, metric)
             }
             None => exact_knn(&base.data, base.dim, &queries.data, K, metric),

@@ -12,7 +12,7 @@
 # each, the worker thread's counters so far ('requests').
 #
 #   RESTART="pg_ctl -D ... -w restart" bash tests/gpu/latency.sh DIR OP EF
-#   env: SPINS ("200 0": the default, then sleeping at once), CLIENTS ("1 16 64"), SECS (5), OUT
+#   env: SPINS ("1000 0": the default, then sleeping at once), CLIENTS ("1 16 64"), SECS (5), OUT
 set -euo pipefail
 # shellcheck source=tests/gpu/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -25,7 +25,7 @@ mkdir -p "$out"
 log=$out/latency.log
 gg_queries_table "$dir" 'real[]'
 gg_knn_sql "$op"
-for spin in ${SPINS:-200 0}; do
+for spin in ${SPINS:-1000 0}; do
   eval "${RESTART:?RESTART: a command that restarts the server}" >/dev/null
   echo "== worker_spin $spin us, ef_search $ef: $(gg_wait_worker "$op")" | tee -a "$log"
   for c in ${CLIENTS:-1 16 64}; do

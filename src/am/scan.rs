@@ -172,15 +172,9 @@ unsafe fn start(scan: pg_sys::IndexScanDesc, st: &mut ScanState) {
 /// # Safety
 /// `index` must be an open index.
 unsafe fn count_scan(index: pg_sys::Relation) {
-    // SAFETY: an open relation's pgstat fields are this backend's.
-    unsafe {
-        let r = &mut *index;
-        if r.pgstat_info.is_null() && r.pgstat_enabled {
-            pg_sys::pgstat_assoc_relation(index);
-        }
-        if !r.pgstat_info.is_null() {
-            (*r.pgstat_info).t_counts.t_numscans += 1;
-        }
+    // SAFETY: the caller's contract.
+    if let Some(c) = unsafe { crate::storage::buffer::stat_counts(index) } {
+        c.t_numscans += 1;
     }
 }
 

@@ -85,6 +85,21 @@ SELECT count(*) FROM (SELECT id FROM ties ORDER BY v <-> '{1,1}' LIMIT 3) s;
 SELECT count(*) FROM (SELECT id FROM ties ORDER BY v <-> '{2,2}' LIMIT 3) s;
 SELECT pg_stat_force_next_flush();
 SELECT idx_scan - :scans_before AS new_scans FROM pg_stat_user_indexes WHERE indexrelid = 'ties_idx'::regclass;
+-- and the pages they read in pg_statio_user_indexes: the same scan twice
+-- on the CPU reads the same pages, the second time through the buffers it
+-- found them in before (ReadRecentBuffer), counted alike
+SET gpu_graph.search_device = cpu;
+SELECT pg_stat_force_next_flush();
+SELECT idx_blks_read + idx_blks_hit AS blks0 FROM pg_statio_user_indexes WHERE indexrelid = 'ties_idx'::regclass \gset
+SELECT count(*) FROM (SELECT id FROM ties ORDER BY v <-> '{1,1}' LIMIT 3) s;
+SELECT pg_stat_force_next_flush();
+SELECT idx_blks_read + idx_blks_hit AS blks1 FROM pg_statio_user_indexes WHERE indexrelid = 'ties_idx'::regclass \gset
+SELECT count(*) FROM (SELECT id FROM ties ORDER BY v <-> '{1,1}' LIMIT 3) s;
+SELECT pg_stat_force_next_flush();
+SELECT :blks1 - :blks0 > 0 AS pages_counted,
+       idx_blks_read + idx_blks_hit - :blks1 = :blks1 - :blks0 AS counted_alike
+  FROM pg_statio_user_indexes WHERE indexrelid = 'ties_idx'::regclass;
+RESET gpu_graph.search_device;
 
 -- 7. at 2,000 rows of 384 and 1536 dimensions the index is the plan
 --    (pgvector's cost test: one vector column a table)

@@ -206,12 +206,9 @@ impl GpuSearch {
     pub fn poll(&self, p: &mut GpuPending) -> Result<Option<Hits>, Outcome> {
         let Some(a) = self.server.poll(&mut p.0).map_err(outcome)? else { return Ok(None) };
         if let Some(s) = shared() {
-            let (l, t) = (&s.counters.latency, a.times);
-            let us = |ns: u32| (ns as i64 + 500) / 1000;
-            l.kernel.record(us(t.span_ns));
-            l.kernel_start.record(us(t.start_ns));
-            l.kernel_steps.record(t.steps as i64);
-            l.transport.record(p.1.elapsed().as_micros() as i64 - us(t.span_ns));
+            let l = &s.counters.latency;
+            let span_us = l.record_kernel(&a.times);
+            l.transport.record(p.1.elapsed().as_micros() as i64 - span_us);
         }
         Ok(Some(a.hits))
     }

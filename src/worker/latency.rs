@@ -10,6 +10,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use gpu_graph_gpu::search::KernelTimes;
 use serde::Serialize;
 
 /// Bucket 0 is 0 µs; bucket b ≥ 1 holds [2^((b-1)/8), 2^(b/8)) µs; the last
@@ -184,6 +185,17 @@ impl Latencies {
             kernel_steps: Histogram::new(),
             transport: Histogram::new(),
         }
+    }
+
+    /// The kernel's clock of one search (`kernel`, `kernel_start`,
+    /// `kernel_steps`), whoever read its answer: the worker or the scan;
+    /// its span in µs.
+    pub fn record_kernel(&self, t: &KernelTimes) -> i64 {
+        let us = |ns: u32| (ns as i64 + 500) / 1000;
+        self.kernel.record(us(t.span_ns));
+        self.kernel_start.record(us(t.start_ns));
+        self.kernel_steps.record(t.steps as i64);
+        us(t.span_ns)
     }
 }
 

@@ -19,6 +19,7 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use gpu_graph_gpu::search::answers::{self, AnswerLayout};
+use gpu_graph_gpu::search::KernelTimes;
 
 use super::ring::Slot;
 use super::shmem::Shared;
@@ -64,9 +65,7 @@ impl Published {
 /// first, with the kernel's clock of the search.
 pub struct Own {
     pub hits: Vec<(f32, u32, u64)>,
-    pub kernel_ns: u32,
-    pub start_ns: u32,
-    pub steps: u32,
+    pub times: KernelTimes,
 }
 
 /// Backend, polling request `seq` in `slot` (submitted while the worker
@@ -97,12 +96,8 @@ pub fn take(shared: &Shared, slot: &Slot, seq: u64, starts: u64) -> Option<Resul
     }
     // SAFETY: the finish word said this query (acquire); the slot is
     // COLLECTING, so the worker keeps the GPU slot until COLLECTED below.
-    let read = unsafe { answers::read(area.add(l.results_at as usize), &l, &route) }.map(|b| Own {
-        hits: b.merged_rows(|_| true),
-        kernel_ns: b.times.span_ns,
-        start_ns: b.times.start_ns,
-        steps: b.times.steps,
-    });
+    let read = unsafe { answers::read(area.add(l.results_at as usize), &l, &route) }
+        .map(|b| Own { hits: b.merged_rows(|_| true), times: b.times });
     slot.collected(seq);
     Some(read)
 }
@@ -115,11 +110,7 @@ pub fn record_kernel(own: &Own) {
     if !SEEN.fetch_add(1, Ordering::Relaxed).is_multiple_of(KERNEL_SAMPLE) {
         return;
     }
-    let l = &super::stats::counters().latency;
-    let us = |ns: u32| (ns as i64 + 500) / 1000;
-    l.kernel.record(us(own.kernel_ns));
-    l.kernel_start.record(us(own.start_ns));
-    l.kernel_steps.record(own.steps as i64);
+    super::stats::counters().latency.record_kernel(&own.times);
 }
 
 const KERNEL_SAMPLE: u32 = 8;

@@ -79,7 +79,10 @@ unsafe fn record_build(index: pg_sys::Relation, built: &Constructed, timings: [f
         }
     };
     // SAFETY: `index` is an open gpu_graph index (the caller's contract).
-    unsafe { Meta::update(index, update) };
+    unsafe {
+        Meta::update(index, update);
+        crate::worker::meta_mirror::built(index, &Meta::read(index));
+    }
 }
 
 /// What the page phases wrote, for the NOTICE.

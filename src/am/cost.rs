@@ -14,7 +14,6 @@ use pgrx::pg_sys;
 use pgrx::prelude::*;
 
 use crate::gucs::EF_SEARCH;
-use crate::storage::meta::Meta;
 
 #[pg_guard]
 #[allow(clippy::too_many_arguments)]
@@ -44,7 +43,9 @@ pub unsafe extern "C-unwind" fn amcostestimate(
         }
         let info = (*path).indexinfo;
         let index = pg_sys::index_open((*info).indexoid, pg_sys::NoLock as i32);
-        let degree = Meta::read(index).degree as f64;
+        // (from the relation cache once a scan or plan read the meta page:
+        // no lock on the page every insert locks)
+        let degree = crate::worker::meta_mirror::degree(index) as f64;
         pg_sys::index_close(index, pg_sys::NoLock as i32);
 
         // the nodes whose distance a search computes: about ef_search × degree

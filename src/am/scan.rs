@@ -131,14 +131,17 @@ unsafe fn start(scan: pg_sys::IndexScanDesc, st: &mut ScanState) {
             error!("gpu_graph indexes only answer ORDER BY <distance operator> queries");
         }
         count_scan(index);
-        let meta = Meta::read(index);
+        // a scan the worker answers reads no page of the index (meta_mirror)
+        let mirrored = worker::meta_mirror::for_scan(index);
+        let whole = mirrored.is_none();
+        let mut meta = mirrored.unwrap_or_else(|| Meta::read_then(index, |m| worker::meta_mirror::seen(index, m)));
         if meta.dim == 0 {
             st.done = true; // nothing indexed yet
             return;
         }
         let key = &*(*scan).orderByData;
         st.metric = meta.metric();
-        let store = PageStore::new(index, &meta);
+        let mut store = PageStore::new(index, &meta);
         let query: Vec<f32> = if key.sk_flags & pg_sys::SK_ISNULL as i32 != 0 {
             st.null_query = true;
             vec![0.0; meta.dim as usize]
@@ -158,7 +161,15 @@ unsafe fn start(scan: pg_sys::IndexScanDesc, st: &mut ScanState) {
                 st.rest = answer.rest;
                 st.rounds = 1;
             }
-            None => st.search = Some(Search::new(&store, st.metric, &query)),
+            None => {
+                if !whole {
+                    // the CPU's search starts from the page's entry point
+                    // and pinned rows, not the cached copy's
+                    meta = Meta::read(index);
+                    store = PageStore::new(index, &meta);
+                }
+                st.search = Some(Search::new(&store, st.metric, &query));
+            }
         }
         st.query = query;
         st.store = Some(store);

@@ -259,6 +259,11 @@ impl Xlog {
                 (true, _) => self.rows[i].map(|(node, layout)| PageRef::new(page(i)).tuple_bytes(&layout, node)),
             });
             crate::worker::note_changes(self.rel, &self.pages[..n], &self.lists[..n], &rows[..n]);
+            for (i, row) in rows.iter().enumerate().take(n) {
+                if let (0, Some(meta)) = (self.pages[i].block, row) {
+                    crate::worker::meta_mirror::written(self.rel, meta);
+                }
+            }
         }
     }
 }

@@ -225,6 +225,22 @@ impl Meta {
         unsafe { m.checked(rel) }
     }
 
+    /// [`Meta::read`], and `also` called with the contents while the
+    /// page's share lock is still held (no write of it can come between).
+    ///
+    /// # Safety
+    /// `rel` must be an open gpu_graph index.
+    pub unsafe fn read_then(rel: pg_sys::Relation, also: impl FnOnce(&Meta)) -> Meta {
+        // SAFETY: as in `read`; the lock is held until `b` drops.
+        unsafe {
+            let b = Locked::read(rel, 0, false);
+            let m = b.page().meta().checked(rel);
+            also(&m);
+            drop(b);
+            m
+        }
+    }
+
     /// Whether a field holds what no gpu_graph write makes.
     pub fn inconsistent(&self) -> bool {
         let node = |n: u32| n == NO_NODE || n < self.node_count;

@@ -336,6 +336,8 @@ impl Worker {
             if end - last_sweep >= SWEEP_EVERY {
                 // SAFETY: as for the step above.
                 unsafe { self.residency.forget_dropped(&self.device, self.shared) };
+                // SAFETY: as above: a file's pages are looked up on this thread.
+                self.shared.meta_mirror.sweep(|k| unsafe { k.exists() });
                 last_sweep = end;
             }
             let worked = took

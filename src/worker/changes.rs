@@ -356,9 +356,8 @@ static UNPUBLISHED: AtomicBool = AtomicBool::new(false);
 pub unsafe fn note(rel: pg_sys::Relation, pages: &[PageChange], lists: &[Option<List>], rows: &[Option<&[u8]>]) {
     let Some(s) = shared() else { return };
     UNPUBLISHED.store(true, Ordering::Relaxed);
-    // SAFETY: an open relation's rd_node (the caller's contract).
-    let n = unsafe { (*rel).rd_node };
-    let key = Key { spc: n.spcNode.to_u32(), db: n.dbNode.to_u32(), rel: n.relNode.to_u32() };
+    // SAFETY: an open relation (the caller's contract).
+    let key = unsafe { Key::of_relation(rel) };
     for ((&page, list), &row) in pages.iter().zip(lists).zip(rows) {
         s.changes.note(key, page, list.as_ref(), row);
     }

@@ -156,7 +156,7 @@ static INSERTS_ON_CPU_UNTIL: AtomicI64 = AtomicI64::new(0);
 const INSERT_BACKOFF_US: i64 = 1_000_000;
 
 /// Whether searches are to ask the worker (gpu_graph.search_device).
-fn wanted() -> bool {
+pub(super) fn wanted() -> bool {
     match SEARCH_DEVICE.get() {
         SearchDevice::Cpu => false,
         SearchDevice::Gpu => true,

@@ -45,6 +45,16 @@ impl Key {
         Key { spc: req.spc_node, db: req.db_node, rel: req.rel_node }
     }
 
+    /// An open relation's file.
+    ///
+    /// # Safety
+    /// `rel` must be an open relation.
+    pub unsafe fn of_relation(rel: pg_sys::Relation) -> Key {
+        // SAFETY: an open relation's relcache entry (the caller's contract).
+        let n = unsafe { (*rel).rd_node };
+        Key { spc: n.spcNode.to_u32(), db: n.dbNode.to_u32(), rel: n.relNode.to_u32() }
+    }
+
     fn rnode(&self) -> pg_sys::RelFileNode {
         pg_sys::RelFileNode {
             spcNode: pg_sys::Oid::from(self.spc),

@@ -29,6 +29,7 @@ mod gpu;
 mod gpu_builds;
 mod image;
 mod latency;
+pub mod meta_mirror;
 mod outcome;
 mod own_answer;
 mod own_core;

@@ -37,6 +37,8 @@ pub struct Shared {
     pub changes: ChangeLog,
     /// the GPU worker's answer layout in the answer area (see `own_answer`)
     pub answers: super::own_answer::Published,
+    /// each index's meta page generation and node count (see `meta_mirror`)
+    pub meta_mirror: super::meta_mirror::MetaMirror,
 }
 
 pub const DEVICE_CPU: u32 = 1;

@@ -542,6 +542,15 @@ fn visible(db: u32) -> bool {
 pub struct SearchInfo {
     worker: &'static str,
     resident: Option<ResidentJson>,
+    /// the meta page's generation and node count as the scans the worker
+    /// answers read them (worker::meta_mirror); null when it holds none
+    meta_mirror: Option<MirrorJson>,
+}
+
+#[derive(Serialize)]
+struct MirrorJson {
+    generation: u64,
+    node_count: u32,
 }
 
 /// The "search" object of gpu_graph_info(index).
@@ -549,12 +558,15 @@ pub struct SearchInfo {
 /// # Safety
 /// `rel` must be an open index relation.
 pub unsafe fn index_info(rel: pg_sys::Relation) -> SearchInfo {
-    // SAFETY: an open relation's relcache entry (the caller's contract).
-    let node = unsafe { (*rel).rd_node };
-    let key = (node.spcNode.to_u32(), node.dbNode.to_u32(), node.relNode.to_u32());
-    let resident =
-        shared().and_then(|s| s.residents.read().into_iter().find(|e| (e.spc_node, e.db_node, e.rel_node) == key));
-    SearchInfo { worker: worker_state(), resident: resident.as_ref().map(ResidentJson::of) }
+    // SAFETY: an open relation (the caller's contract).
+    let key = unsafe { super::image::Key::of_relation(rel) };
+    let resident = shared().and_then(|s| {
+        s.residents.read().into_iter().find(|e| (e.spc_node, e.db_node, e.rel_node) == (key.spc, key.db, key.rel))
+    });
+    let mirror = shared()
+        .and_then(|s| s.meta_mirror.get(key))
+        .map(|(generation, node_count)| MirrorJson { generation, node_count });
+    SearchInfo { worker: worker_state(), resident: resident.as_ref().map(ResidentJson::of), meta_mirror: mirror }
 }
 
 #[cfg(test)]
@@ -573,8 +585,11 @@ mod tests {
             serde_json::to_value(absent).unwrap(),
             json!({"state": "absent", "pid": null, "device": null, "starts": 1, "core": null, "slots": 8, "slots_in_use": 0})
         );
-        let info = SearchInfo { worker: "running", resident: None };
-        assert_eq!(serde_json::to_value(info).unwrap(), json!({"worker": "running", "resident": null}));
+        let info = SearchInfo { worker: "running", resident: None, meta_mirror: None };
+        assert_eq!(
+            serde_json::to_value(info).unwrap(),
+            json!({"worker": "running", "resident": null, "meta_mirror": null})
+        );
         assert_eq!(serde_json::to_value(mean(0, 0)).unwrap(), json!(null));
         assert_eq!(serde_json::to_value(mean(10, 4)).unwrap(), json!(2.5));
     }

@@ -4,6 +4,8 @@
 #
 #   1. answers through the worker equal the CPU scan's, the counters move, a
 #      scan that wants more rows goes on on the CPU without repeating a row
+#  1c. a scan the worker serves reads no page of the index; after TRUNCATE
+#      and REINDEX new rows are found through it
 #   2. gpu_timeout shorter than the worker's answer (gpu_graph.worker_delay):
 #      CPU answer, timeout counted, the slot comes back; a batch the same,
 #      counted under batches.fallbacks.timeout
@@ -207,6 +209,50 @@ else
   echo "  one core: none kept ($(stat worker,core))"
 fi
 q -c "ALTER SYSTEM RESET gpu_graph.worker_core" -c "SELECT pg_reload_conf()" >/dev/null
+
+echo "1c. a scan the worker answers reads no page of the index"
+# the meta page's generation and node count from shared memory
+# (worker::meta_mirror), the rest from the relation cache: after a
+# session's first scan, 30 scans served by the worker read no index block
+IFS="|" read -r blocks served <<<"$(q <<SQL | tail -n 1
+$GPU
+SELECT count(*) FROM (SELECT knn('$QV', 5)) s;
+SELECT pg_stat_force_next_flush();
+SELECT idx_blks_read + idx_blks_hit AS b0, gpu_graph_worker_stats() #>> '{scans,worker}' AS w0
+  FROM pg_statio_user_indexes WHERE indexrelid = 'grid_idx'::regclass \gset
+SELECT count(knn(v, 5)) FROM queries;
+SELECT pg_stat_force_next_flush();
+SELECT idx_blks_read + idx_blks_hit - :b0, (gpu_graph_worker_stats() #>> '{scans,worker}')::bigint - :w0
+  FROM pg_statio_user_indexes WHERE indexrelid = 'grid_idx'::regclass;
+SQL
+)"
+[ "$served" = 30 ] || fail "the worker served $served of the 30 scans"
+[ "$blocks" = 0 ] || fail "30 scans the worker served read $blocks index blocks"
+# a new file under the index (TRUNCATE, REINDEX): rows inserted after it
+# are found through the worker by their own vectors, none left out by an
+# older node count
+q -c "SET client_min_messages = warning" -c "CREATE TABLE churn (id int, v real[])" \
+  -c "INSERT INTO churn SELECT i, ARRAY[i, i % 17]::real[] FROM generate_series(1, 300) i" \
+  -c "CREATE INDEX churn_idx ON churn USING gpu_graph (v)"
+OWN="SELECT count(*) FROM churn c WHERE (SELECT id FROM churn ORDER BY v <-> c.v LIMIT 1) = c.id"
+current churn_idx churn
+[ "$(q -c "$GPU" -c "$OWN" | tail -n 1)" = 300 ] || fail "rows of churn not found by their own vectors"
+for change in "TRUNCATE churn" "REINDEX INDEX churn_idx"; do
+  q -c "$change" -c "INSERT INTO churn SELECT i, ARRAY[i + 1000, i % 13]::real[] FROM generate_series(301, 380) i"
+  n=$(q -c "SELECT count(*) FROM churn")
+  # the shared fields are at least the page's
+  info="gpu_graph_info('churn_idx')"
+  [ "$(q -c "SELECT ($info #>> '{search,meta_mirror,node_count}')::bigint >= ($info #>> '{nodes,allocated}')::bigint
+                AND ($info #>> '{search,meta_mirror,generation}')::bigint >= ($info ->> 'generation')::bigint")" = t ] ||
+    fail "after $change: the shared meta fields $(q -c "SELECT $info #> '{search,meta_mirror}'") are behind the page's $(q -c "SELECT $info ->> 'generation', $info #>> '{nodes,allocated}'")"
+  current churn_idx churn
+  before=$(stat scans,worker)
+  found=$(q -c "$GPU" -c "$OWN" | tail -n 1)
+  [ "$found" = "$n" ] || fail "after $change: $found of $n rows found by their own vectors (the index: $(q -c "SELECT $info - 'build' - 'parameters'"))"
+  [ "$(($(stat scans,worker) - before))" -ge "$n" ] || fail "after $change: the scans were not served by the worker"
+done
+q -c "DROP TABLE churn"
+echo "  30 scans served, 0 index blocks read; after TRUNCATE and REINDEX every new row found through the worker"
 
 echo "2. gpu_timeout"
 before=$(stat fallbacks,timeout)

@@ -347,6 +347,12 @@ impl ChangeLog {
 /// Whether this process noted changes its transaction has not published.
 static UNPUBLISHED: AtomicBool = AtomicBool::new(false);
 
+/// Whether this process's transaction wrote index pages it has not
+/// published yet (its searches then need the copy to hold them too).
+pub fn unpublished() -> bool {
+    UNPUBLISHED.load(Ordering::Relaxed)
+}
+
 /// Notes that `pages` of `rel` changed, with the one list or row each
 /// wrote when it did (a backend's Xlog, before it lets go of the
 /// buffers). Nothing when gpu_graph is not preloaded (no worker).

@@ -5,7 +5,8 @@
 #   1. answers through the worker equal the CPU scan's, the counters move, a
 #      scan that wants more rows goes on on the CPU without repeating a row
 #  1c. a scan the worker serves reads no page of the index; after TRUNCATE
-#      and REINDEX new rows are found through it
+#      and REINDEX new rows are found through it, and a transaction finds
+#      the rows it inserted itself
 #   2. gpu_timeout shorter than the worker's answer (gpu_graph.worker_delay):
 #      CPU answer, timeout counted, the slot comes back; a batch the same,
 #      counted under batches.fallbacks.timeout
@@ -251,8 +252,12 @@ for change in "TRUNCATE churn" "REINDEX INDEX churn_idx"; do
   [ "$found" = "$n" ] || fail "after $change: $found of $n rows found by their own vectors (the index: $(q -c "SELECT $info - 'build' - 'parameters'"))"
   [ "$(($(stat scans,worker) - before))" -ge "$n" ] || fail "after $change: the scans were not served by the worker"
 done
+# a transaction finds the rows it inserted itself, not yet committed
+mine=$(q -c "$GPU" -c "BEGIN" -c "INSERT INTO churn SELECT i, ARRAY[i - 900, 50]::real[] FROM generate_series(1001, 1020) i" \
+  -c "SELECT count(*) FROM churn c WHERE c.id > 1000 AND (SELECT id FROM churn ORDER BY v <-> c.v LIMIT 1) = c.id" -c "COMMIT" | tail -n 1)
+[ "$mine" = 20 ] || fail "a transaction found $mine of the 20 rows it inserted through the worker"
 q -c "DROP TABLE churn"
-echo "  30 scans served, 0 index blocks read; after TRUNCATE and REINDEX every new row found through the worker"
+echo "  30 scans served, 0 index blocks read; after TRUNCATE and REINDEX every new row found through the worker, and a transaction's own"
 
 echo "2. gpu_timeout"
 before=$(stat fallbacks,timeout)

@@ -48,12 +48,30 @@ pub const ENTRIES: usize = 1024;
 #[repr(C, align(64))]
 struct Entry {
     /// db << 32 | relfilenode, 0 while unused: claimed by compare-and-swap
+    /// (to CLAIMING, then the name)
     name: AtomicU64,
-    /// the tablespace, stored after `name` is claimed (0 until then: a
-    /// reader takes that as a miss)
+    /// the tablespace, stored before the name (and cleared before it)
     spc: AtomicU32,
     node_count: AtomicU32,
     generation: AtomicU64,
+}
+
+/// `Entry::name` while its claimer writes the key (never a real name: no
+/// database has OID 2^32 - 1).
+const CLAIMING: u64 = u64::MAX;
+
+impl Entry {
+    /// The name, once no claim is half done (a claimer stores the
+    /// tablespace and the name right after its compare-and-swap).
+    fn name_settled(&self) -> u64 {
+        loop {
+            let n = self.name.load(Ordering::Acquire);
+            if n != CLAIMING {
+                return n;
+            }
+            std::hint::spin_loop();
+        }
+    }
 }
 
 #[repr(C)]
@@ -69,26 +87,26 @@ impl MetaMirror {
         let start = (name.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 54) as usize % ENTRIES;
         for i in 0..ENTRIES {
             let e = &self.entries[(start + i) % ENTRIES];
-            let mut found = e.name.load(Ordering::Acquire);
+            let mut found = e.name_settled();
             if found == 0 {
                 if !claim {
                     return None;
                 }
-                match e.name.compare_exchange(0, name, Ordering::AcqRel, Ordering::Acquire) {
+                // the tablespace before the name: whoever reads the name
+                // reads the whole key
+                match e.name.compare_exchange(0, CLAIMING, Ordering::AcqRel, Ordering::Acquire) {
                     Ok(_) => {
-                        e.spc.store(key.spc, Ordering::Release);
+                        e.spc.store(key.spc, Ordering::Relaxed);
+                        e.name.store(name, Ordering::Release);
                         return Some(e);
                     }
-                    Err(now) => found = now,
+                    Err(_) => found = e.name_settled(),
                 }
             }
-            if found == name {
-                match e.spc.load(Ordering::Acquire) {
-                    s if s == key.spc => return Some(e),
-                    // claimed by another backend a moment ago: not yet usable
-                    0 => return None,
-                    _ => {} // the same name in another tablespace
-                }
+            // (another key; the same name in another tablespace; or an entry
+            // being cleared, whose tablespace is already 0)
+            if found == name && e.spc.load(Ordering::Acquire) == key.spc {
+                return Some(e);
             }
         }
         None
@@ -119,7 +137,7 @@ impl MetaMirror {
         for e in &self.entries {
             let name = e.name.load(Ordering::Acquire);
             let spc = e.spc.load(Ordering::Acquire);
-            if name == 0 || spc == 0 {
+            if name == 0 || name == CLAIMING || spc == 0 {
                 continue;
             }
             let key = Key { spc, db: (name >> 32) as u32, rel: name as u32 };

@@ -130,11 +130,9 @@ pub unsafe fn insert_neighbours(index: pg_sys::Relation, meta: &Meta, stored: &[
     // SAFETY: `index` is open (the caller's contract). Not in the scans'
     // latencies: a wider beam than theirs.
     let nodes = unsafe {
-        exchange(index, meta, stored.len(), ef, Patience { timeout, poll: false, noted: true }, fill, |answered, _| {
-            match answered {
-                Answered::Reply(reply) => reply.nodes[..reply.n as usize].to_vec(),
-                Answered::Own(own) => own.hits.iter().map(|h| h.1).collect(),
-            }
+        exchange(index, meta, stored.len(), ef, Patience { timeout, poll: false }, fill, |answered, _| match answered {
+            Answered::Reply(reply) => reply.nodes[..reply.n as usize].to_vec(),
+            Answered::Own(own) => own.hits.iter().map(|h| h.1).collect(),
         })
     }
     .inspect_err(|o| {
@@ -224,44 +222,36 @@ unsafe fn ask(index: pg_sys::Relation, meta: &Meta, query: &[f32], ef: usize) ->
     let fill = |r: &mut Request| r.query[..query.len()].copy_from_slice(query);
     // SAFETY: the caller's contract.
     unsafe {
-        exchange(
-            index,
-            meta,
-            query.len(),
-            ef,
-            Patience { timeout, poll: true, noted: false },
-            fill,
-            |answered, submitted_at| {
-                // SAFETY: reads the clock; any backend may.
-                let now = pg_sys::GetCurrentTimestamp();
-                let c = counters();
-                c.latency.roundtrip.record(now - submitted_at);
-                match answered {
-                    Answered::Reply(reply) => {
-                        c.latency.wake.record(now - reply.answered_at);
-                        let n = reply.n as usize;
-                        let nodes = &reply.nodes[..n];
-                        let hits = reply
-                            .with_rows
-                            .then(|| hits_with_rows(meta, (0..n).map(|j| (reply.dists[j], nodes[j], reply.rows[j]))));
-                        Replied { nodes: nodes.to_vec(), hits }
-                    }
-                    Answered::Own(own) => {
-                        // read where the GPU wrote it: no wake-up
-                        c.latency.wake.record(0);
-                        own_answer::record_kernel(&own);
-                        let nodes = own.hits.iter().map(|h| h.1).collect();
-                        // a row the copy never read (0): the pages tell
-                        let hits = own
-                            .hits
-                            .iter()
-                            .all(|h| super::rows::known(h.2))
-                            .then(|| hits_with_rows(meta, own.hits.iter().copied()));
-                        Replied { nodes, hits }
-                    }
+        exchange(index, meta, query.len(), ef, Patience { timeout, poll: true }, fill, |answered, submitted_at| {
+            // SAFETY: reads the clock; any backend may.
+            let now = pg_sys::GetCurrentTimestamp();
+            let c = counters();
+            c.latency.roundtrip.record(now - submitted_at);
+            match answered {
+                Answered::Reply(reply) => {
+                    c.latency.wake.record(now - reply.answered_at);
+                    let n = reply.n as usize;
+                    let nodes = &reply.nodes[..n];
+                    let hits = reply
+                        .with_rows
+                        .then(|| hits_with_rows(meta, (0..n).map(|j| (reply.dists[j], nodes[j], reply.rows[j]))));
+                    Replied { nodes: nodes.to_vec(), hits }
                 }
-            },
-        )
+                Answered::Own(own) => {
+                    // read where the GPU wrote it: no wake-up
+                    c.latency.wake.record(0);
+                    own_answer::record_kernel(&own);
+                    let nodes = own.hits.iter().map(|h| h.1).collect();
+                    // a row the copy never read (0): the pages tell
+                    let hits = own
+                        .hits
+                        .iter()
+                        .all(|h| super::rows::known(h.2))
+                        .then(|| hits_with_rows(meta, own.hits.iter().copied()));
+                    Replied { nodes, hits }
+                }
+            }
+        })
     }
 }
 
@@ -271,13 +261,6 @@ unsafe fn ask(index: pg_sys::Relation, meta: &Meta, query: &[f32], ef: usize) ->
 struct Patience {
     timeout: Duration,
     poll: bool,
-    /// the copy must hold every change noted so far, this transaction's
-    /// own included, not only those committed: an insert's neighbour
-    /// search (a new row linked from a copy without the rows its own
-    /// statement wrote just before would find neighbours only among older
-    /// rows, and no search might reach it); a scan's when its transaction
-    /// wrote (see `exchange`)
-    noted: bool,
 }
 
 /// How a request was answered: the worker's reply, or the answer the
@@ -332,9 +315,12 @@ unsafe fn exchange<T>(
         // SAFETY: reads shared memory's recovery state; any backend may.
         r.need = if unsafe { pg_sys::RecoveryInProgress() } {
             u64::MAX
-        } else if patience.noted || super::changes::unpublished() {
-            // this transaction's own writes too (they are not published
-            // until it commits, and it must see them)
+        } else if super::changes::unpublished() {
+            // a transaction that wrote needs its own rows in the copy too
+            // (published only at its commit): its scans must see them, and
+            // an insert linked from a copy without the rows its statement
+            // wrote just before found neighbours only among older rows,
+            // and some rows no search reached
             shared.changes.head()
         } else {
             shared.changes.published()
@@ -449,19 +435,11 @@ pub unsafe fn batch_first_rounds(
     };
     // SAFETY: the caller's contract.
     let r = unsafe {
-        exchange(
-            index,
-            meta,
-            dim,
-            ef,
-            Patience { timeout: batch_timeout(n), poll: false, noted: false },
-            fill,
-            |answered, _| {
-                // a batch never polls, so the worker replies (own answers are
-                // a polling scan's)
-                matches!(answered, Answered::Reply(r) if r.with_rows)
-            },
-        )
+        exchange(index, meta, dim, ef, Patience { timeout: batch_timeout(n), poll: false }, fill, |answered, _| {
+            // a batch never polls, so the worker replies (own answers are
+            // a polling scan's)
+            matches!(answered, Answered::Reply(r) if r.with_rows)
+        })
     };
     let c = counters();
     add(&c.batches, 1);
@@ -531,7 +509,7 @@ fn wait(
     starts: u64,
     patience: Patience,
 ) -> Result<Option<Result<Own, String>>, Outcome> {
-    let Patience { timeout, poll, .. } = patience;
+    let Patience { timeout, poll } = patience;
     let t0 = Instant::now();
     let done = || claim.slot.state() == (claim.seq, super::ring::State::Done);
     // gpu_graph.worker_spin: a scan polls first, yielding its core between

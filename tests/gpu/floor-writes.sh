@@ -31,13 +31,8 @@ cat >$w/pk.sql <<'SQL'
 \set qid random(0, 999)
 SELECT v FROM queries WHERE id = :qid;
 SQL
-# worker-writes.sh's insert: a jittered copy of one of queries 0-499
-cat >$w/insert.sql <<'SQL'
-\set rid random(0, 499)
-INSERT INTO items SELECT -nextval('new_ids'), (SELECT array_agg(x + (random() * 0.5)::real) FROM unnest(v) x)
-  FROM queries WHERE id = :rid;
-SQL
-sed 's/INSERT INTO items/INSERT INTO side_items/' $w/insert.sql >$w/insert_side.sql
+# worker-writes.sh's inserts
+gg_insert_sql $w
 tps() { awk '/^tps/ {printf "%.0f", $3}' "$1"; }
 printf "%-7s %-10s %10s %8s %9s\n" clients mode "lookups/s" "of r/o" "writes/s" | tee -a "$out/floor.txt"
 for c in ${CLIENTS:-64 16}; do

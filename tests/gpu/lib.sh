@@ -10,6 +10,11 @@
 #   gg_pick_ef CSV INDEX RECALL   the smallest swept ef_search of INDEX (the CSV's
 #                                 `index` column) whose recall@10 reaches RECALL, else its largest
 #   gg_wait_worker OP             until the search worker answers a scan of `items`
+#   gg_insert_sql DIR             DIR/insert.sql: pgbench's insert of a new row into `items`
+#                                 (a jittered copy of one of queries 0-499, ids from the
+#                                 sequence new_ids); DIR/insert_side.sql: the same rows into
+#                                 `side_items` (the writes' benchmarks, worker-writes.sh and
+#                                 floor-writes.sh)
 gg_q() { psql -X -q -v ON_ERROR_STOP=1 -At "$@"; }
 
 gg_queries_table() {
@@ -80,4 +85,16 @@ gg_wait_worker() {
     sleep 0.1
   done
   echo "the worker answers after $(awk -v a="$start" -v b="$(date +%s%N)" 'BEGIN {printf "%.2f", (b - a) / 1e9}') s"
+}
+
+# a query vector of 0-499, jittered: a new row near the data (the vector
+# found by its key: `id = (random() * 499)::int` is volatile, a scan of the
+# whole queries table with a random() a row, and was a tenth of an insert)
+gg_insert_sql() {
+  cat >"$1/insert.sql" <<'SQL'
+\set rid random(0, 499)
+INSERT INTO items SELECT -nextval('new_ids'), (SELECT array_agg(x + (random() * 0.5)::real) FROM unnest(v) x)
+  FROM queries WHERE id = :rid;
+SQL
+  sed 's/INSERT INTO items/INSERT INTO side_items/' "$1/insert.sql" >"$1/insert_side.sql"
 }

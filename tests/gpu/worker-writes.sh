@@ -59,6 +59,8 @@ pgb() {
     pgbench "$@"
   fi
 }
+# shellcheck source=tests/gpu/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 fail() { echo "worker-writes: FAIL: $*" >&2; exit 1; }
 q() { psql -X -q -v ON_ERROR_STOP=1 -At "$@"; }
 stats() { q -c "SELECT gpu_graph_worker_stats() #>> '{$1}'"; }
@@ -96,15 +98,7 @@ cat >$w/knn.sql <<SQL
 \\set qid random($qlo, $qhi)
 SELECT id FROM items ORDER BY embedding <-> (SELECT v FROM queries WHERE id = :qid) LIMIT 10;
 SQL
-# a query vector of 0-499, jittered: a new row near the data (the vector
-# found by its key: `id = (random() * 499)::int` is volatile, a scan of the
-# whole queries table with a random() a row, and was a tenth of an insert)
-cat >$w/insert.sql <<'SQL'
-\set rid random(0, 499)
-INSERT INTO items SELECT -nextval('new_ids'), (SELECT array_agg(x + (random() * 0.5)::real) FROM unnest(v) x)
-  FROM queries WHERE id = :rid;
-SQL
-sed 's/INSERT INTO items/INSERT INTO side_items/' $w/insert.sql >$w/insert_side.sql
+gg_insert_sql $w
 q -c "DROP TABLE IF EXISTS side_items" -c "CREATE TABLE side_items (LIKE items)"
 cat >$w/delete.sql <<'SQL'
 WITH d AS (DELETE FROM items WHERE id = (SELECT max(id) FROM items WHERE id < 0 AND id > -1000000000) RETURNING id)

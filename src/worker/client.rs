@@ -30,6 +30,7 @@ use gpu_graph_engine::search::Hit;
 use pgrx::pg_sys;
 
 use super::batch_area::{self, Area};
+use super::image::Key;
 use super::outcome::Outcome;
 use super::own_answer::{self, Own};
 use super::ring::{Reply, Request, Slot, MAX_HITS, MAX_QUERY_DIM};
@@ -306,9 +307,9 @@ unsafe fn exchange<T>(
         // SAFETY: MyProc and MyDatabaseId are this backend's, set before any query runs.
         (r.procno, r.db) = unsafe { ((*pg_sys::MyProc).pgprocno, pg_sys::MyDatabaseId.to_u32()) };
         r.index = rel.rd_id.to_u32();
-        r.spc_node = rel.rd_node.spcNode.to_u32();
-        r.db_node = rel.rd_node.dbNode.to_u32();
-        r.rel_node = rel.rd_node.relNode.to_u32();
+        // SAFETY: `index` is open (the caller's contract).
+        let key = unsafe { Key::of_relation(index) };
+        (r.spc_node, r.db_node, r.rel_node) = (key.spc, key.db, key.rel);
         r.permanent = persistence == pg_sys::RELPERSISTENCE_PERMANENT;
         r.fault = INJECT_FAULT.get();
         r.generation = meta.generation;

@@ -148,6 +148,9 @@ struct FilterParams {
 // Start nodes of one query (RequestHead.seeds): a CTA's share and the entry
 // point fit one round of GG_CAND_CAP claims.
 #define GG_MAX_SEEDS 255u
+// Nodes a query may measure at its start in place of the entry point and
+// the seeds (RequestHead.scan).
+#define GG_MAX_SCAN 4096u
 // Loads in flight per lane of a distance: a row of `chunks` 16-byte chunks
 // takes the smallest power of two G of lanes with chunks <= GG_DIST_UNROLL * G.
 #define GG_DIST_UNROLL 16u
@@ -208,7 +211,8 @@ struct RequestHead {
     u32 beam;         // candidates expanded per step after that
     u32 seeds;        // start nodes spread over the ids, all CTAs (at most GG_MAX_SEEDS)
     u32 qwords;       // floats of the query that follow
-    u32 pad[5];
+    u32 scan;         // nodes measured at the start in place of entry and seeds, all CTAs (0: none; at most GG_MAX_SCAN)
+    u32 pad[4];
 };
 
 // A CTA's answer in mapped host memory (SearchParams.cta_block bytes): this

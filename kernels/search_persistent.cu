@@ -47,7 +47,11 @@
 //     memory, sorted ascending; bit 31 of an id marks it expanded;
 //   * shares one visited set with the other CTAs of its slot (see
 //     visit_claim): each node's distance is computed by exactly one CTA;
-//   * starts, in one round, with the entry point (whoever claims it),
+//   * starts (the request's `scan` > 0, the default) from the nearest of
+//     its share of `scan` nodes spread evenly over the node ids (j % T ==
+//     t), measured with no claims and merged into its list, which it then
+//     claims in the visited set; or (scan 0)
+//     starts, in one round, with the entry point (whoever claims it),
 //     its share of the query's `seeds` start nodes spread evenly over the
 //     node ids, and its share of the entry point's list: CTA t of T takes
 //     the seeds and the entry's neighbours j with j % T == t, so the CTAs
@@ -750,6 +754,7 @@ struct CtaPlan {
     u32 offset_beam;
     u32 beam;
     u32 seeds;
+    u32 scan;
 };
 
 // One query's search by CTA t of `ctas` (the query in S.q; the visited
@@ -782,42 +787,67 @@ __device__ __forceinline__ u32 search_one(const IndexDesc& ix, const Smem& S, u6
     const unsigned char* vec = (const unsigned char*)ix.vectors;
     const u32 row_bytes = ix.chunks * 16u;
 
-    // start: the entry point and this CTA's seeds, and every CTA expands
-    // its share of the entry point's neighbours; in one round (the
-    // kernel's start took 9.5 us of a query in two, 5.5 in one, H200)
-    // unless they are more than a round takes
-    SeedSrc ss;
-    ss.entry = ix.entry;
-    ss.total = p.seeds < GG_MAX_SEEDS ? p.seeds : GG_MAX_SEEDS;
-    ss.seeds = t < ss.total ? (ss.total - t + ctas - 1) / ctas : 0;
-    ss.n = ix.n;
-    ss.t = t;
-    ss.ctas = ctas;
-    EntrySrc es;
-    es.row = adj + (u64)ix.entry * ix.degree;
-    es.t = t;
-    es.ctas = ctas;
-    const u32 share = t < w ? (w - t + ctas - 1) / ctas : 0;
-    StartSrc st0;
-    st0.seeds = ss;
-    st0.entry = es;
-    st0.first = 1 + ss.seeds;
     u64 tc = cycles();
     u32 m;
-    if (st0.first + share <= CAND_CAP) {
-        m = claim_batch(table, vmask, gen, ix.n, st0.first + share, st0, ci, vec, row_bytes, lane);
+    if (p.scan > 0) {
+        // start by a scan: this CTA's share of nodes j * n / scan (a fixed
+        // sample, its rows in L2), CAND_CAP at a time into the list with no
+        // claims; the list's entries then claimed, their distances known
+        const u32 total = p.scan < ix.n ? p.scan : ix.n;
+        const u32 mine = t < total ? (total - t + ctas - 1) / ctas : 0;
+        for (u32 b = 0; b < mine; b += CAND_CAP) {
+            m = mine - b < CAND_CAP ? mine - b : CAND_CAP;
+            for (u32 e = lane; e < m; e += 32) ci[e] = (u32)((u64)(t + (b + e) * ctas) * ix.n / total);
+            __syncwarp();
+            absorb(ix, S.q, ci, cd, m, L, cap, ph, lane);
+        }
+        computed += mine;
+        tc = cycles();
+        for (u32 j = lane; j < L.cnt; j += 32) {
+            u32 h;
+            const u32 id = L.ai[j];
+            const u64 got = claim_home(table, vmask, gen, ix.n, id, h);
+            claimed(table, vmask, gen, ix.n, id, h, got);
+        }
+        __syncwarp();
+        ph.claim += cycles() - tc;
+        expanded = 0;
     } else {
-        m = claim_batch(table, vmask, gen, ix.n, st0.first, ss, ci, vec, row_bytes, lane);
+        // start: the entry point and this CTA's seeds, and every CTA expands
+        // its share of the entry point's neighbours; in one round (the
+        // kernel's start took 9.5 us of a query in two, 5.5 in one, H200)
+        // unless they are more than a round takes
+        SeedSrc ss;
+        ss.entry = ix.entry;
+        ss.total = p.seeds < GG_MAX_SEEDS ? p.seeds : GG_MAX_SEEDS;
+        ss.seeds = t < ss.total ? (ss.total - t + ctas - 1) / ctas : 0;
+        ss.n = ix.n;
+        ss.t = t;
+        ss.ctas = ctas;
+        EntrySrc es;
+        es.row = adj + (u64)ix.entry * ix.degree;
+        es.t = t;
+        es.ctas = ctas;
+        const u32 share = t < w ? (w - t + ctas - 1) / ctas : 0;
+        StartSrc st0;
+        st0.seeds = ss;
+        st0.entry = es;
+        st0.first = 1 + ss.seeds;
+        if (st0.first + share <= CAND_CAP) {
+            m = claim_batch(table, vmask, gen, ix.n, st0.first + share, st0, ci, vec, row_bytes, lane);
+        } else {
+            m = claim_batch(table, vmask, gen, ix.n, st0.first, ss, ci, vec, row_bytes, lane);
+            ph.claim += cycles() - tc;
+            computed += m;
+            absorb(ix, S.q, ci, cd, m, L, cap, ph, lane);
+            tc = cycles();
+            m = claim_batch(table, vmask, gen, ix.n, share, es, ci, vec, row_bytes, lane);
+        }
         ph.claim += cycles() - tc;
         computed += m;
         absorb(ix, S.q, ci, cd, m, L, cap, ph, lane);
-        tc = cycles();
-        m = claim_batch(table, vmask, gen, ix.n, share, es, ci, vec, row_bytes, lane);
+        expanded = 1;
     }
-    ph.claim += cycles() - tc;
-    computed += m;
-    absorb(ix, S.q, ci, cd, m, L, cap, ph, lane);
-    expanded = 1;
     steps = 0;
     started = globaltimer();
     u32 nsel = 0;
@@ -1117,6 +1147,7 @@ extern "C" __global__ void __launch_bounds__(32 * GG_WARPS)
         p.offset_beam = ld_cg_u32(&req->offset_beam);
         p.beam = ld_cg_u32(&req->beam);
         p.seeds = ld_cg_u32(&req->seeds);
+        p.scan = ld_cg_u32(&req->scan);
         const u32 qwords = ld_cg_u32(&req->qwords);
 
         IndexDesc ix;
@@ -1202,6 +1233,7 @@ extern "C" __global__ void __launch_bounds__(32, GG_BATCH_MIN_BLOCKS)
     p.offset_beam = P.offset_beam;
     p.beam = P.beam;
     p.seeds = 0;
+    p.scan = 0;
     u32 j = 0;
     for (u32 qi = blockIdx.x; qi < P.n; qi += gridDim.x, ++j) {
         u32 written = GG_OUT_BAD_INDEX, expanded = 0, computed = 0, steps = 0;

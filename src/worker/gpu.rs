@@ -6,7 +6,7 @@ use gpu_graph_engine::flat::FlatIndex;
 use gpu_graph_engine::metric::Metric;
 use gpu_graph_gpu::search::answers::{AnswerArea, Route};
 use gpu_graph_gpu::search::{
-    BatchTicket, HalfRows, Patch, ResidentId, SearchError, SearchServer, ServerConfig, Ticket,
+    BatchTicket, HalfRows, Patch, ResidentId, SearchError, SearchPolicy, SearchServer, ServerConfig, Ticket,
 };
 use gpu_graph_gpu::{Gpu, GpuError};
 
@@ -89,8 +89,18 @@ pub fn server_config() -> ServerConfig {
         // the A/B of the doorbell (docs/benchmarks.md): the
         // server's environment, as GPU_GRAPH_SEARCH_NVRTC_OPTIONS
         copy_requests: std::env::var_os("GPU_GRAPH_COPY_REQUESTS").is_some_and(|v| v == "1"),
+        // and of the search's start (plan::SearchPolicy::scan)
+        policy: SearchPolicy {
+            scan: scan_from_env().unwrap_or(SearchPolicy::default().scan),
+            ..SearchPolicy::default()
+        },
         ..ServerConfig::default()
     }
+}
+
+/// GPU_GRAPH_SEARCH_SCAN: the start's scan of every query, for A/B runs.
+fn scan_from_env() -> Option<usize> {
+    std::env::var("GPU_GRAPH_SEARCH_SCAN").ok()?.parse().ok()
 }
 
 impl GpuSearch {

@@ -4,7 +4,7 @@
 //! the search, the backend waking to the answer, its re-read of the
 //! answered nodes, and the whole round trip; and of the search on the GPU,
 //! the kernel's own clock: the first CTA taking the query to the last one's
-//! hits written, its start (entry point and seeds), its steps, and the rest
+//! hits written, its start (the scan, or the entry point and seeds), its steps, and the rest
 //! of the search (the request's copy and slot word, the kernel's wake-up,
 //! its fences and finish word, the worker seeing it).
 

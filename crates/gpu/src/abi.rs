@@ -93,6 +93,7 @@ abi_consts! {
     MAX_BEAM_ROWS: u32 = 8;
     CAND_CAP: u32 = 256;
     MAX_SEEDS: u32 = 255;
+    MAX_SCAN: u32 = 4096;
     DIST_UNROLL: u32 = 16;
     METRIC_L2: u32 = 0;
     METRIC_IP: u32 = 1;
@@ -169,7 +170,8 @@ abi_structs! {
         pub beam: u32,
         pub seeds: u32,
         pub qwords: u32,
-        pub pad: [u32; 5],
+        pub scan: u32,
+        pub pad: [u32; 4],
     }
 
     /// A CTA's answer header; `k_max` [`ResultHit`]s follow.

@@ -22,6 +22,7 @@
 //!
 //! Exits 1 on a recall gap or any error, 2 on a usage or I/O error.
 //! Policy and variant keys: ctas (per slot), per (list per CTA), seeds,
+//! scan (the nodes measured at the start in place of entry and seeds),
 //! beam, offset, capf, cape.
 
 mod batch;
@@ -123,6 +124,7 @@ impl Pol {
                 "ctas" => self.ctas = n,
                 "per" => p.list_per_cta = n,
                 "seeds" => p.seeds = n,
+                "scan" => p.scan = n,
                 "beam" => p.beam_width = n,
                 "offset" => p.offset_beam = n,
                 "capf" => p.cap_factor = n,
@@ -357,12 +359,13 @@ fn check_pass(
         verdict.check(
             bad == 0 && r >= cpu[ei] - 0.01,
             format!(
-                "gpu   ef {ef:>4}: recall@10 {r:.4} (cpu {:.4}), plan {}x{} (beam {} from {}, seeds {}, cap {}), {:.0} distances, {:.0} expansions per query, {:.1} us per query sequential{}",
+                "gpu   ef {ef:>4}: recall@10 {r:.4} (cpu {:.4}), plan {}x{} (beam {} from {}, scan {}, seeds {}, cap {}), {:.0} distances, {:.0} expansions per query, {:.1} us per query sequential{}",
                 cpu[ei],
                 plan.ctas,
                 plan.list,
                 plan.beam_width,
                 plan.offset_beam,
+                plan.scan,
                 plan.seeds,
                 plan.max_expand,
                 comp as f64 / nq,

@@ -38,7 +38,7 @@ pub fn run(data: &Data, params: &BuildParams, efs: &[usize], pol: Pol, variants:
             let nq = queries.len() as f64;
             let mean = |f: &dyn Fn(&SimStats) -> u64| res.iter().map(|r| f(&r.1)).sum::<u64>() as f64 / nq;
             println!(
-                "   {label:<28} plan {}x{:<4} recall@10 {:.4}  {:>6.0} dist/q  {:>5.0} exp/q  {:>5.1} steps/q  {:>5.1} merges/q  capped {}",
+                "   {label:<28} plan {}x{:<4} recall@10 {:.4}  {:>6.0} dist/q  {:>5.0} exp/q  {:>5.1} steps/q  {:>5.1} merges/q  {:>5.0} scanned/q  capped {}",
                 plan.ctas,
                 plan.list,
                 mean_recall(&found, &data.truth, K),
@@ -46,6 +46,7 @@ pub fn run(data: &Data, params: &BuildParams, efs: &[usize], pol: Pol, variants:
                 mean(&|s| s.expanded),
                 mean(&|s| s.steps),
                 mean(&|s| s.merges),
+                mean(&|s| s.scanned),
                 res.iter().filter(|r| r.1.capped > 0).count()
             );
         }

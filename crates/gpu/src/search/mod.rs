@@ -40,12 +40,14 @@
 //!   one 64-bit CAS per new node. On a full probe run a node counts as
 //!   unvisited (a duplicate at worst; the host drops duplicates).
 //! * Spreading a beam over CTAs: see [`plan::SearchPolicy`]; each CTA's list is
-//!   ceil(ef / ctas). One CTA, beam 1 and no seeds = the CPU's beam search exactly (checked by
-//!   the CPU model [`sim`] against engine::search).
-//! * Start: the entry point, computed by whichever CTA claims it; CTA t
-//!   then expands the entry's neighbours j with j % ctas == t, and its
-//!   share (j % ctas == t) of the query's `seeds` start nodes, node
-//!   j * n / seeds: the same sample of the index for every query.
+//!   ceil(ef / ctas). One CTA, beam 1, no seeds and no scan = the CPU's beam search exactly
+//!   (checked by the CPU model [`sim`] against engine::search).
+//! * Start (the default): a scan of a fixed sample, node j * n / scan;
+//!   CTA t measures its share (j % ctas == t), keeps the nearest as its
+//!   list and claims them. With no scan: the entry point, computed by
+//!   whichever CTA claims it; CTA t then expands the entry's neighbours j
+//!   with j % ctas == t, and its share of the query's `seeds` start nodes,
+//!   node j * n / seeds. Either is the same sample for every query.
 //! * Iteration cap: cap_factor * list + cap_extra expansions per CTA.
 //! * Deleted nodes occupy list places and are expanded (the graph stays
 //!   navigable) but are never written out; the host filters again with its

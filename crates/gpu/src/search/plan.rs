@@ -163,6 +163,22 @@ pub struct SearchPolicy {
     /// 10, 0.987 -> 0.986 at ef 20. 128 took as many steps fewer again
     /// and gave it back in the start (19 us at ef 10).
     pub seeds: usize,
+    /// Nodes measured in place of the entry point, its list and the seeds
+    /// (0: no scan, those instead): node j * n / scan for j < scan (at
+    /// most [`abi::MAX_SCAN`]), CTA t of T taking j = t, t + T, ...; each
+    /// CTA's list starts as the nearest of its share, which are then
+    /// claimed in the visited set. A fixed sample, so its rows stay in L2.
+    /// The start then reads no neighbour list and claims one list of nodes
+    /// instead of ~97: 64 against the entry + 64 seeds (1M SIFT, H200,
+    /// searchcheck, two runs): kernel p50 at one thread 61.2 / 61.3 ->
+    /// 54.9 / 54.1 us at ef 10 (start 13 -> 7.7 us, 12.1 steps either
+    /// way), 67.9 / 67.6 -> 64.8 / 64.5 at ef 20, 83 -> 79 at ef 40;
+    /// recall@10 the same (0.9648 / 0.9691 against 0.9645 / 0.9685 at ef
+    /// 10; 0.9967 against 0.9951 at ef 40); 64 threads the same. More
+    /// rows cost more than the steps they save (a 32-row pass of one CTA
+    /// takes ~2 us): 128 took 11.7 steps and a start of 11.9 us, 1,024
+    /// 9.8 steps and 48.5 us.
+    pub scan: usize,
     /// Iteration cap: a CTA stops after cap_factor * list + cap_extra
     /// expansions even if its list still holds unexpanded candidates.
     pub cap_factor: usize,
@@ -171,7 +187,15 @@ pub struct SearchPolicy {
 
 impl Default for SearchPolicy {
     fn default() -> Self {
-        SearchPolicy { list_per_cta: 16, offset_beam: 2, beam_width: 4, seeds: 64, cap_factor: 4, cap_extra: 64 }
+        SearchPolicy {
+            list_per_cta: 16,
+            offset_beam: 2,
+            beam_width: 4,
+            seeds: 64,
+            scan: 64,
+            cap_factor: 4,
+            cap_extra: 64,
+        }
     }
 }
 
@@ -190,6 +214,9 @@ pub struct QueryPlan {
     /// Start nodes spread over the ids, all CTAs together (at most
     /// [`abi::MAX_SEEDS`]).
     pub seeds: u32,
+    /// Nodes measured at the start in place of the entry and the seeds,
+    /// all CTAs (0: none; at most [`abi::MAX_SCAN`]).
+    pub scan: u32,
 }
 
 impl SearchPolicy {
@@ -212,6 +239,7 @@ impl SearchPolicy {
             offset_beam: offset as u32,
             beam_width: self.beam_width.clamp(1, 32) as u32,
             seeds: self.seeds.min(abi::MAX_SEEDS as usize) as u32,
+            scan: self.scan.min(abi::MAX_SCAN as usize) as u32,
         }
     }
 }

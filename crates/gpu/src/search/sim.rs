@@ -15,7 +15,7 @@ use gpu_graph_engine::NO_NODE;
 
 use super::merge::merge_lists;
 use super::plan::QueryPlan;
-use crate::abi::{CAND_CAP, MAX_SEEDS};
+use crate::abi::{CAND_CAP, MAX_SCAN, MAX_SEEDS};
 
 /// Work of one simulated query.
 #[derive(Clone, Copy, Debug, Default)]
@@ -30,6 +30,8 @@ pub struct SimStats {
     pub merges: u64,
     /// CTAs stopped by the iteration cap
     pub capped: u32,
+    /// distances of the scan before the start, all CTAs
+    pub scanned: u64,
 }
 
 struct Cta {
@@ -108,20 +110,40 @@ pub fn simulate(ix: &FlatIndex, query: &[f32], k: usize, plan: &QueryPlan) -> (V
     let seeds = plan.seeds.min(MAX_SEEDS) as usize;
     let mut visited: HashSet<u32> = HashSet::new();
     let mut ctas: Vec<Cta> = (0..t_n).map(|_| Cta { list: Vec::new(), expanded: 0, done: false }).collect();
-    // start: entry + this CTA's seeds (seed j is node j * n / seeds)
-    for (t, cta) in ctas.iter_mut().enumerate() {
-        let mine = (t..seeds).step_by(t_n).map(|j| ((j as u64 * n as u64 / seeds as u64) as u32, false));
-        let ids = std::iter::once((entry, true)).chain(mine);
-        let new = claim(ix, &mut visited, ids);
-        absorb(ix, query, cta, cap, &new, &mut st);
-    }
-    // the entry's neighbours, split j % T == t
-    let row = neighbors(ix, entry);
-    for (t, cta) in ctas.iter_mut().enumerate() {
-        let ids = row.iter().enumerate().filter(|(j, _)| j % t_n == t).map(|(_, &v)| (v, false));
-        let new = claim(ix, &mut visited, ids.filter(|&(v, _)| v != NO_NODE));
-        absorb(ix, query, cta, cap, &new, &mut st);
-        cta.expanded = 1;
+    let scan = plan.scan.min(MAX_SCAN) as usize;
+    if scan > 0 {
+        // start: each CTA's list the nearest of its share of the scan,
+        // claimed (their distances already known)
+        for (t, cta) in ctas.iter_mut().enumerate() {
+            let mut mine: Vec<(f32, u32)> = (t..scan.min(n))
+                .step_by(t_n)
+                .map(|j| (j as u64 * n as u64 / scan.min(n) as u64) as u32)
+                .map(|v| (dist(ix, query, v), v))
+                .collect();
+            st.scanned += mine.len() as u64;
+            mine.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+            mine.truncate(cap);
+            for (d, v) in mine {
+                visited.insert(v);
+                cta.list.push((d, v, false));
+            }
+        }
+    } else {
+        // start: entry + this CTA's seeds (seed j is node j * n / seeds)
+        for (t, cta) in ctas.iter_mut().enumerate() {
+            let mine = (t..seeds).step_by(t_n).map(|j| ((j as u64 * n as u64 / seeds as u64) as u32, false));
+            let ids = std::iter::once((entry, true)).chain(mine);
+            let new = claim(ix, &mut visited, ids);
+            absorb(ix, query, cta, cap, &new, &mut st);
+        }
+        // the entry's neighbours, split j % T == t
+        let row = neighbors(ix, entry);
+        for (t, cta) in ctas.iter_mut().enumerate() {
+            let ids = row.iter().enumerate().filter(|(j, _)| j % t_n == t).map(|(_, &v)| (v, false));
+            let new = claim(ix, &mut visited, ids.filter(|&(v, _)| v != NO_NODE));
+            absorb(ix, query, cta, cap, &new, &mut st);
+            cta.expanded = 1;
+        }
     }
     st.steps = 1;
     loop {
@@ -185,9 +207,9 @@ mod tests {
         (0..n * dim).map(|i| ((mix64(seed + i as u64) >> 40) as f32 / (1u64 << 24) as f32) * 10.0).collect()
     }
 
-    /// With one CTA and no seeds the model is the CPU beam search (same
-    /// results); with several and the default seeds, recall stays at least
-    /// as high at equal ef.
+    /// With one CTA and no seeds or scan the model is the CPU beam search
+    /// (same results); with several and the default start, recall stays at
+    /// least as high at equal ef.
     #[test]
     fn model_matches_cpu_search() {
         let (n, dim, k) = (3000, 16, 10);
@@ -198,7 +220,7 @@ mod tests {
         let ix = FlatIndex::new(Metric::L2, dim, base.clone(), g);
         let truth = exact_knn(&base, dim, &queries, k, Metric::L2);
         for ef in [10usize, 20, 40] {
-            let pol = SearchPolicy { beam_width: 1, seeds: 0, ..SearchPolicy::default() };
+            let pol = SearchPolicy { beam_width: 1, seeds: 0, scan: 0, ..SearchPolicy::default() };
             let one = pol.plan_with(1, ef);
             let mut cpu_found = Vec::new();
             let mut sim_found = Vec::new();

@@ -63,7 +63,7 @@ pub struct Answer {
 pub struct KernelTimes {
     /// the first CTA taking the query → the last one's hits written
     pub span_ns: u32,
-    /// the slowest CTA's start: the entry point, its seeds and the entry's list
+    /// the slowest CTA's start: its scan, or the entry point, its seeds and the entry's list
     pub start_ns: u32,
     /// the most steps (expansion rounds) a CTA took
     pub steps: u32,
@@ -343,8 +343,9 @@ impl Slots {
             offset_beam: plan.offset_beam,
             beam: plan.beam_width.max(1),
             seeds: plan.seeds.min(abi::MAX_SEEDS),
+            scan: plan.scan.min(abi::MAX_SCAN),
             qwords: res.fmt.qwords as u32,
-            pad: [0; 5],
+            pad: [0; 4],
         };
         let bytes = std::mem::size_of::<RequestHead>() + 4 * res.fmt.qwords;
         let at = slot as usize * self.z.req_stride;

@@ -378,7 +378,13 @@ __device__ __forceinline__ void distances(const IndexDesc& ix, const float* q, c
 // not sorted: a step brings few; a bitonic sort of 32 then a merge by binary
 // searches took 10% more of a query on the H200) plus a binary search in the
 // list; an old entry's is its own plus the new entries before it (old first
-// on equal keys).
+// on equal keys). A node can be among the new entries twice: two lanes'
+// claims of it in one batch both succeed when a third node's claim moves it
+// off its home slot between them (claim_batch issues every atomic before it
+// reads any); equal new entries then rank by lane, each its own place. Without
+// that they took one place, and the list kept a stale entry from an older
+// merge: 1M x768, a 2,000-row inner-product index, one batch answer in
+// 1,000 out of order at ef 40 (docs/benchmarks.md).
 __device__ __forceinline__ u32 merge_unsorted(const float* ad, const u32* ai, u32 cnt, float* bd, u32* bi, u32 cap,
                                               const float* cd, const u32* ci, u32 c, u32 lane) {
     if (lane < c) {
@@ -386,7 +392,13 @@ __device__ __forceinline__ u32 merge_unsorted(const float* ad, const u32* ai, u3
         const u32 id = ci[lane];
         const u32 key = id & ID_MASK;
         u32 r = 0;
-        for (u32 j = 0; j < c; j++) r += key_lt(cd[j], ci[j] & ID_MASK, d, key);
+        // (a node twice among the new entries, equal keys, takes its lane
+        // order: see the comment above)
+        for (u32 j = 0; j < c; j++) {
+            const float dj = cd[j];
+            const u32 kj = ci[j] & ID_MASK;
+            r += key_lt(dj, kj, d, key) || (j < lane && kj == key && dj == d);
+        }
         u32 lo = 0, hi = cnt;
         while (lo < hi) {
             const u32 mid = (lo + hi) >> 1;

@@ -40,8 +40,9 @@ pub const MAX_LISTS: usize = 32;
 /// at most MAX_LISTS of them), ascending, each node once, only nodes for
 /// which `keep` is true.
 ///
-/// Duplicates: a node is in two lists only when the visited table of its
-/// slot overflowed and two CTAs computed it. Both computed the same float
+/// Duplicates: a node is in two lists, or twice in one, only when the
+/// visited table of its slot overflowed or two claims of it in one batch
+/// both succeeded (see the kernel's merge_unsorted). Both computed the same float
 /// (same code, same lane split, same summation order), so equal nodes come
 /// out one right after the other and comparing with the last output is
 /// enough.

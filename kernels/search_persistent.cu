@@ -669,6 +669,10 @@ struct EntrySrc {
     __device__ __forceinline__ u32 operator()(u32 e) const { return ld_cg_u32(row + t + e * ctas); }
 };
 
+// Node j of a sample of `total` nodes spread evenly over the ids, the same
+// for every query (its rows stay in L2): the seeds' and the scan's.
+__device__ __forceinline__ u32 spread_node(u32 j, u32 n, u32 total) { return (u32)((u64)j * n / total); }
+
 // The query's start nodes: seed j of `total` is node j * n / total (a
 // sample of the whole index, the same for every query: its rows stay in
 // L2), CTA t of T taking j = t, t + T, ...; the nearest of them start the
@@ -685,7 +689,7 @@ struct SeedSrc {
         // e == 0: the entry point, marked expanded (every CTA expands it
         // next); 1..seeds: this CTA's seeds
         if (e == 0) return entry | EXP_BIT;
-        if (e <= seeds) return (u32)((u64)(t + (e - 1) * ctas) * n / total);
+        if (e <= seeds) return spread_node(t + (e - 1) * ctas, n, total);
         return NO_NODE;
     }
 };
@@ -809,7 +813,7 @@ __device__ __forceinline__ u32 search_one(const IndexDesc& ix, const Smem& S, u6
         const u32 mine = t < total ? (total - t + ctas - 1) / ctas : 0;
         for (u32 b = 0; b < mine; b += CAND_CAP) {
             m = mine - b < CAND_CAP ? mine - b : CAND_CAP;
-            for (u32 e = lane; e < m; e += 32) ci[e] = (u32)((u64)(t + (b + e) * ctas) * ix.n / total);
+            for (u32 e = lane; e < m; e += 32) ci[e] = spread_node(t + (b + e) * ctas, ix.n, total);
             __syncwarp();
             absorb(ix, S.q, ci, cd, m, L, cap, ph, lane);
         }

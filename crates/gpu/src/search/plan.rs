@@ -150,9 +150,10 @@ pub struct SearchPolicy {
     pub offset_beam: usize,
     /// Candidates expanded per sort in the diffusion phase.
     pub beam_width: usize,
-    /// Start nodes of a query besides the entry point: node j * n / seeds
-    /// for j < seeds (at most [`abi::MAX_SEEDS`]), CTA t of T taking j = t,
-    /// t + T, ... (0: the entry point alone, as the CPU's search starts).
+    /// Start nodes of a query besides the entry point, where `scan` is 0:
+    /// node j * n / seeds for j < seeds (at most [`abi::MAX_SEEDS`]), CTA t
+    /// of T taking j = t, t + T, ... (0: the entry point alone, as the CPU's
+    /// search starts).
     /// The same sample for every query, so its rows stay in L2; the
     /// nearest of them put a query nearer its answer than the entry alone.
     /// 64 against 8 random nodes a CTA (1M SIFT, H100, two alternating
@@ -212,7 +213,7 @@ pub struct QueryPlan {
     pub offset_beam: u32,
     pub beam_width: u32,
     /// Start nodes spread over the ids, all CTAs together (at most
-    /// [`abi::MAX_SEEDS`]).
+    /// [`abi::MAX_SEEDS`]), beside the entry point; only when `scan` is 0.
     pub seeds: u32,
     /// Nodes measured at the start in place of the entry and the seeds,
     /// all CTAs (0: none; at most [`abi::MAX_SCAN`]).

@@ -88,6 +88,12 @@ fn absorb(ix: &FlatIndex, q: &[f32], cta: &mut Cta, cap: usize, new: &[(u32, boo
     }
 }
 
+/// Node j of a sample of `total` spread evenly over the ids (the kernel's
+/// spread_node): the seeds' and the scan's.
+fn spread_node(j: usize, n: usize, total: usize) -> u32 {
+    (j as u64 * n as u64 / total as u64) as u32
+}
+
 /// Claims unvisited nodes (shared set), in order.
 fn claim(ix: &FlatIndex, visited: &mut HashSet<u32>, ids: impl Iterator<Item = (u32, bool)>) -> Vec<(u32, bool)> {
     let n = ix.len() as u32;
@@ -110,16 +116,13 @@ pub fn simulate(ix: &FlatIndex, query: &[f32], k: usize, plan: &QueryPlan) -> (V
     let seeds = plan.seeds.min(MAX_SEEDS) as usize;
     let mut visited: HashSet<u32> = HashSet::new();
     let mut ctas: Vec<Cta> = (0..t_n).map(|_| Cta { list: Vec::new(), expanded: 0, done: false }).collect();
-    let scan = plan.scan.min(MAX_SCAN) as usize;
+    let scan = (plan.scan.min(MAX_SCAN) as usize).min(n);
     if scan > 0 {
         // start: each CTA's list the nearest of its share of the scan,
         // claimed (their distances already known)
         for (t, cta) in ctas.iter_mut().enumerate() {
-            let mut mine: Vec<(f32, u32)> = (t..scan.min(n))
-                .step_by(t_n)
-                .map(|j| (j as u64 * n as u64 / scan.min(n) as u64) as u32)
-                .map(|v| (dist(ix, query, v), v))
-                .collect();
+            let mut mine: Vec<(f32, u32)> =
+                (t..scan).step_by(t_n).map(|j| spread_node(j, n, scan)).map(|v| (dist(ix, query, v), v)).collect();
             st.scanned += mine.len() as u64;
             mine.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
             mine.truncate(cap);
@@ -131,7 +134,7 @@ pub fn simulate(ix: &FlatIndex, query: &[f32], k: usize, plan: &QueryPlan) -> (V
     } else {
         // start: entry + this CTA's seeds (seed j is node j * n / seeds)
         for (t, cta) in ctas.iter_mut().enumerate() {
-            let mine = (t..seeds).step_by(t_n).map(|j| ((j as u64 * n as u64 / seeds as u64) as u32, false));
+            let mine = (t..seeds).step_by(t_n).map(|j| (spread_node(j, n, seeds), false));
             let ids = std::iter::once((entry, true)).chain(mine);
             let new = claim(ix, &mut visited, ids);
             absorb(ix, query, cta, cap, &new, &mut st);

@@ -29,6 +29,9 @@ struct Opts {
     /// registers and spills; its report then counts as a warning).
     #[arg(long = "option", allow_hyphen_values = true)]
     option: Vec<String>,
+    /// Writes each image to DIR/NAME.ARCH (a CUBIN for nvdisasm, or PTX).
+    #[arg(long = "dump-dir")]
+    dump_dir: Option<PathBuf>,
     /// Kernel files to check instead of the embedded ones.
     files: Vec<PathBuf>,
 }
@@ -50,11 +53,22 @@ fn leaked(path: &Path) -> KernelSource {
 }
 
 /// One line for `k`: its result for every target; whether it passed.
-fn check(k: &KernelSource, headers: &[KernelSource], targets: &[Target], extra: &[String]) -> bool {
+fn check(
+    k: &KernelSource,
+    headers: &[KernelSource],
+    targets: &[Target],
+    extra: &[String],
+    dump: Option<&Path>,
+) -> bool {
     let (mut parts, mut logs, mut ok) = (Vec::new(), Vec::new(), true);
     for t in targets {
         let arch = t.option().trim_start_matches("--gpu-architecture=").to_string();
-        match nvrtc::compile_with(k, headers, t, extra) {
+        let compiled = nvrtc::compile_with(k, headers, t, extra);
+        if let (Some(dir), Ok(c)) = (dump, &compiled) {
+            let path = dir.join(format!("{}.{arch}", k.name));
+            std::fs::write(&path, &c.image).unwrap_or_else(|e| common::usage(&format!("{}: {e}", path.display())));
+        }
+        match compiled {
             Ok(c) if c.log.is_empty() => parts.push(format!("{arch} {} bytes {:.0} ms", c.image.len(), c.compile_ms)),
             Ok(c) => {
                 ok = false;
@@ -99,7 +113,7 @@ fn main() {
             std::process::exit(1);
         }
     }
-    let failed = sources.iter().filter(|k| !check(k, &headers, &targets, &extra)).count();
+    let failed = sources.iter().filter(|k| !check(k, &headers, &targets, &extra, o.dump_dir.as_deref())).count();
     if failed > 0 {
         eprintln!("{failed} kernel file(s) failed (warnings count as errors)");
         std::process::exit(1);

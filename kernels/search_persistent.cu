@@ -279,13 +279,142 @@ __device__ __forceinline__ void distances_t(const unsigned char* vec, u32 chunks
     __syncwarp();
 }
 
+// fp16 rows on the tensor cores (sm_80+; -DGG_NO_MMA for the A/B): a
+// pass of 32 rows as two tiles of 16, lane (g = lane / 4, t = lane % 4)
+// reading chunks t, t + 4, ... of rows g and g + 8 of each tile (a load
+// instruction then touches 8 rows' lines, not 32). L2: the lane's
+// differences x - q (f16x2, one instruction per two dimensions; the query
+// rounded to f16, as the rows are) are at once its share of the A
+// fragment of mma.m16n8k16 and of the B fragment of its own row, so
+// D * D^T's diagonal, accumulated in f32, is each row's squared distance:
+// no conversion of the row to f32 (the scalar loop spent three
+// instructions a dimension, one of them the conversion). Inner product:
+// B is the query. A chunk of 8 dimensions makes two k-steps.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+#define GG_NO_MMA
+#endif
+#ifndef GG_NO_MMA
+#define MMA_BATCH 4u  // chunks of each of a lane's four rows in flight at once
+__device__ __forceinline__ u32 hsub2(u32 a, u32 b) {
+    u32 d;
+    asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+    return d;
+}
+__device__ __forceinline__ u32 pack_h2(float lo, float hi) {
+    u32 d;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
+    return d;
+}
+__device__ __forceinline__ void mma16816(float (&c)[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+template <bool IP>
+__device__ __forceinline__ void distances_mma(const unsigned char* vec, u32 chunks, const float* q, const u32* ci,
+                                              float* cd, u32 m, u32 lane, u32 warp, u32 warps) {
+    const u32 g = lane >> 2, t = lane & 3;
+    const u32 row_bytes = chunks * 16u;
+    const u32 per_lane = (chunks + 3) / 4;
+    // pass p (rows 32 p ..) is warp p % warps's; rows g, g + 8 (tile 0)
+    // and g + 16, g + 24 (tile 1) are this lane's
+    for (u32 b = warp * 32; b < m; b += 32 * warps) {
+        const unsigned char* rows[4];
+#pragma unroll
+        for (u32 r = 0; r < 4; r++) {
+            const u32 i = b + g + 8 * r;
+            rows[r] = i < m ? vec + (u64)(ci[i] & ID_MASK) * row_bytes : nullptr;
+        }
+        float acc[4][4];  // [tile * 2 + n-tile][c0..c3]
+#pragma unroll
+        for (u32 x = 0; x < 4; x++) acc[x][0] = acc[x][1] = acc[x][2] = acc[x][3] = 0.f;
+        for (u32 j0 = 0; j0 < per_lane; j0 += MMA_BATCH) {
+            u32 w[MMA_BATCH][4][4];
+#pragma unroll
+            for (u32 u = 0; u < MMA_BATCH; u++) {
+                const u32 c = (j0 + u) * 4 + t;
+#pragma unroll
+                for (u32 r = 0; r < 4; r++) {
+                    if (rows[r] != nullptr && c < chunks) {
+                        ld_cg_v4(rows[r] + (u64)c * 16u, w[u][r][0], w[u][r][1], w[u][r][2], w[u][r][3]);
+                    } else {
+                        w[u][r][0] = w[u][r][1] = w[u][r][2] = w[u][r][3] = 0u;
+                    }
+                }
+            }
+#pragma unroll
+            for (u32 u = 0; u < MMA_BATCH; u++) {
+                const u32 c = (j0 + u) * 4 + t;
+                u32 qh[4] = {0u, 0u, 0u, 0u};
+                if (c < chunks) {
+                    const float* qq = q + c * 8u;
+#pragma unroll
+                    for (u32 e = 0; e < 4; e++) qh[e] = pack_h2(qq[2 * e], qq[2 * e + 1]);
+                }
+#pragma unroll
+                for (u32 tile = 0; tile < 2; tile++) {
+                    u32 lo[4], hi[4];  // rows g (+16) and g + 8 (+16)
+#pragma unroll
+                    for (u32 e = 0; e < 4; e++) {
+                        lo[e] = IP ? w[u][2 * tile][e] : hsub2(w[u][2 * tile][e], qh[e]);
+                        hi[e] = IP ? w[u][2 * tile + 1][e] : hsub2(w[u][2 * tile + 1][e], qh[e]);
+                    }
+#pragma unroll
+                    for (u32 k = 0; k < 4; k += 2) {
+                        if (IP) {
+                            mma16816(acc[2 * tile], lo[k], hi[k], lo[k + 1], hi[k + 1], qh[k], qh[k + 1]);
+                        } else {
+                            mma16816(acc[2 * tile], lo[k], hi[k], lo[k + 1], hi[k + 1], lo[k], lo[k + 1]);
+                            mma16816(acc[2 * tile + 1], lo[k], hi[k], lo[k + 1], hi[k + 1], hi[k], hi[k + 1]);
+                        }
+                    }
+                }
+            }
+        }
+        // row g's value: L2, C0[g][g] (lane (g, g / 2), element g & 1);
+        // row g + 8's: C1[g + 8][g] (element 2 + (g & 1)). IP: every
+        // column holds x . q: lane (g, 0), elements 0 and 2.
+#pragma unroll
+        for (u32 tile = 0; tile < 2; tile++) {
+            const u32 i0 = b + 16 * tile + g, i1 = i0 + 8;
+            if (IP) {
+                if (t == 0) {
+                    if (i0 < m) cd[i0] = -acc[2 * tile][0];
+                    if (i1 < m) cd[i1] = -acc[2 * tile][2];
+                }
+            } else if (t == (g >> 1)) {
+                const u32 odd = g & 1;
+                if (i0 < m) cd[i0] = odd ? acc[2 * tile][1] : acc[2 * tile][0];
+                if (i1 < m) cd[i1] = odd ? acc[2 * tile + 1][3] : acc[2 * tile + 1][2];
+            }
+        }
+    }
+    __syncwarp();
+}
+#endif
+
+// Rows a pass of the distance loop measures: 32 on the tensor cores, else
+// 32 / G.
+__device__ __forceinline__ u32 pass_rows(u32 half, u32 G) {
+#ifndef GG_NO_MMA
+    if (half) return 32;
+#endif
+    return 32 / G;
+}
+
 // The distance loop of warp `warp` of `warps` for the index's row format.
 __device__ __forceinline__ void distances_of(const unsigned char* vec, u32 chunks, u32 G, u32 half, u32 metric,
                                              const float* q, const u32* ci, float* cd, u32 m, u32 lane, u32 warp,
                                              u32 warps) {
     if (half) {
+#ifndef GG_NO_MMA
+        if (metric == GG_METRIC_IP) distances_mma<true>(vec, chunks, q, ci, cd, m, lane, warp, warps);
+        else distances_mma<false>(vec, chunks, q, ci, cd, m, lane, warp, warps);
+#else
         if (metric == GG_METRIC_IP) distances_t<true, true>(vec, chunks, G, q, ci, cd, m, lane, warp, warps);
         else distances_t<true, false>(vec, chunks, G, q, ci, cd, m, lane, warp, warps);
+#endif
     } else {
         if (metric == GG_METRIC_IP) distances_t<false, true>(vec, chunks, G, q, ci, cd, m, lane, warp, warps);
         else distances_t<false, false>(vec, chunks, G, q, ci, cd, m, lane, warp, warps);
@@ -347,7 +476,7 @@ __device__ __forceinline__ void distances(const IndexDesc& ix, const float* q, c
     const u32 G = ix.lanes;
 #if GG_WARPS > 1
     // a loop of one pass is warp 0's alone (no barrier)
-    if (blockDim.x > 32 && m > 32 / G) {
+    if (blockDim.x > 32 && m > pass_rows(ix.half, G)) {
         if (lane == 0) {
             team_job.vec = vec;
             team_job.q = q;

@@ -101,6 +101,14 @@ impl Resident {
     pub fn info(&self) -> ResidentInfo {
         ResidentInfo { n: self.n(), stored_dim: self.dim, degree: self.degree, half: self.fmt.half, bytes: self.bytes }
     }
+    /// Whether the kernel can measure `query` against this index: fp16 rows
+    /// take the query in fp16 too (the tensor cores' distances, see
+    /// kernels/search_persistent.cu), so each value must round to a finite
+    /// fp16 (|x| <= 65504, or near it); a query that does not is the CPU's.
+    pub fn takes_query(&self, query: &[f32]) -> bool {
+        !self.fmt.half || fits_fp16(query)
+    }
+
     /// A prepared query (`dim` values) as the kernel reads it: `fmt.qwords`
     /// floats, zero-padded; for inner product the last stored coordinate
     /// is zeroed (-dot over the first dim - 1 only).
@@ -806,6 +814,11 @@ impl<'a> Upload<'a> {
     }
 }
 
+/// Whether every value rounds to a finite fp16.
+fn fits_fp16(values: &[f32]) -> bool {
+    values.iter().all(|&x| half::f16::from_f32(x).is_finite())
+}
+
 /// The device rows of `vectors` (`dim` values each) in format `fmt`,
 /// zero-padded to 16 bytes; None when fp16 rows cannot hold every value:
 /// exactly, or with `round` within fp16's range (finite, |x| <= 65504). Slice conversions (F16C where the CPU has it: a value at a time
@@ -851,6 +864,15 @@ fn encode_rows(vectors: &[f32], dim: usize, fmt: &RowFormat, round: bool) -> Opt
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn queries_of_fp16_indexes_within_range() {
+        assert!(fits_fp16(&[0.0, -1.5, 65504.0, -65504.0, 65519.0, 1e-9]));
+        assert!(!fits_fp16(&[1.0, 65520.0]));
+        assert!(!fits_fp16(&[-1e6]));
+        assert!(!fits_fp16(&[f32::NAN]));
+        assert!(!fits_fp16(&[f32::INFINITY]));
+    }
 
     #[test]
     fn rounded_fp16_rows_within_range() {

@@ -24,6 +24,9 @@ use crate::abi::{self, SearchParams};
 use crate::device::Gpu;
 use crate::error::{cuda, guard, GpuError};
 
+/// A query with a value fp16 cannot hold, for an index kept in fp16.
+const OUT_OF_FP16: &str = "a query value beyond fp16's range (|x| > 65504) for an index kept in fp16";
+
 /// Why a request could not be served. The worker falls back to the CPU on
 /// every one of them.
 #[derive(Clone, Debug, PartialEq)]
@@ -420,6 +423,9 @@ impl SearchServer {
         if n == 0 || n * res.dim != queries.len() || n >= 1 << 31 {
             return bad(format!("{} values for queries of stored dimension {}", queries.len(), res.dim));
         }
+        if !res.takes_query(queries) {
+            return bad(OUT_OF_FP16.into());
+        }
         if k == 0 || k > i.info.k_max {
             return bad(format!("k = {k} (1 to {})", i.info.k_max));
         }
@@ -569,6 +575,9 @@ impl Inner {
         let bad = |s: String| Err(SearchError::Invalid(s));
         if query.len() != res.dim {
             return bad(format!("query of {} values for an index of stored dimension {}", query.len(), res.dim));
+        }
+        if !res.takes_query(query) {
+            return bad(OUT_OF_FP16.into());
         }
         if k == 0 || k > this.info.k_max {
             return bad(format!("k = {k} (1 to {})", this.info.k_max));

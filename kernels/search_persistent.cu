@@ -516,6 +516,50 @@ __device__ __forceinline__ void distances(const IndexDesc& ix, const float* q, c
 // 1,000 out of order at ef 40 (docs/benchmarks.md).
 __device__ __forceinline__ u32 merge_unsorted(const float* ad, const u32* ai, u32 cnt, float* bd, u32* bi, u32 cap,
                                               const float* cd, const u32* ci, u32 c, u32 lane) {
+#ifndef GG_MERGE_SPLIT
+    if (cnt <= 32) {
+        // a list of at most 32 (one old entry a lane): one pass over the
+        // new entries counts, for lane L's new entry, the new ones before
+        // it, and for its old entry, the new ones before that; a ballot of
+        // "old entry <= new entry x" gives new entry x the old ones before
+        // it (in place of a binary search: the merges took a quarter of a
+        // query's cycles, their loads one after the other)
+        const bool fresh = lane < c, old = lane < cnt;
+        float d = 0.f, dj = 0.f;
+        u32 id = 0, key = 0, ij = 0, kj = 0;
+        if (fresh) {
+            d = cd[lane];
+            id = ci[lane];
+            key = id & ID_MASK;
+        }
+        if (old) {
+            dj = ad[lane];
+            ij = ai[lane];
+            kj = ij & ID_MASK;
+        }
+        u32 rn = 0, ro = 0, lo = 0;
+        for (u32 x = 0; x < c; x++) {
+            const float dx = cd[x];
+            const u32 kx = ci[x] & ID_MASK;
+            rn += key_lt(dx, kx, d, key) || (x < lane && kx == key && dx == d);
+            const bool le = old && key_le(dj, kj, dx, kx);
+            ro += old && !le;
+            const u32 below = __popc(__ballot_sync(FULL_MASK, le));
+            if (x == lane) lo = below;
+        }
+        if (fresh && rn + lo < cap) {
+            bd[rn + lo] = d;
+            bi[rn + lo] = id;
+        }
+        if (old && lane + ro < cap) {
+            bd[lane + ro] = dj;
+            bi[lane + ro] = ij;
+        }
+        __syncwarp();
+        const u32 total = cnt + c;
+        return total < cap ? total : cap;
+    }
+#endif
     if (lane < c) {
         const float d = cd[lane];
         const u32 id = ci[lane];

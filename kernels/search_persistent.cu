@@ -294,7 +294,9 @@ __device__ __forceinline__ void distances_t(const unsigned char* vec, u32 chunks
 // wait on their rows' loads and did not change). Inner product: B is the
 // query. A chunk of 8 dimensions makes two k-steps. The distances are
 // fp16's, the query's rounding included (~1e-3 relative where the query
-// is not exactly fp16): the list's order, and an answer's distance.
+// is not exactly fp16): the list's order, and an answer's distance. A
+// difference beyond fp16's range (a coordinate of the row and the query's
+// more than 65504 apart) is infinite, and so is that row's distance.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
 #define GG_NO_MMA
 #endif

@@ -814,9 +814,11 @@ impl<'a> Upload<'a> {
     }
 }
 
-/// Whether every value rounds to a finite fp16.
+/// Whether every value rounds to a finite fp16: below 65520 in magnitude
+/// (65504 is fp16's largest; 65520 rounds to infinity). A comparison, not
+/// a conversion: this runs on the worker's thread for every query.
 fn fits_fp16(values: &[f32]) -> bool {
-    values.iter().all(|&x| half::f16::from_f32(x).is_finite())
+    values.iter().all(|&x| x.abs() < 65520.0)
 }
 
 /// The device rows of `vectors` (`dim` values each) in format `fmt`,
@@ -872,6 +874,10 @@ mod tests {
         assert!(!fits_fp16(&[-1e6]));
         assert!(!fits_fp16(&[f32::NAN]));
         assert!(!fits_fp16(&[f32::INFINITY]));
+        // the boundary is fp16's own rounding
+        for x in [65519.996f32, 65520.0, -65519.996, 65504.0, 1e5] {
+            assert_eq!(fits_fp16(&[x]), half::f16::from_f32(x).is_finite(), "{x}");
+        }
     }
 
     #[test]

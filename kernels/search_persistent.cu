@@ -283,28 +283,41 @@ __device__ __forceinline__ void distances_t(const unsigned char* vec, u32 chunks
 // fp16 rows on the tensor cores (sm_80+; -DGG_NO_MMA for the A/B): a
 // pass of 32 rows as two tiles of 16, lane (g = lane / 4, t = lane % 4)
 // reading chunks t, t + 4, ... of rows g and g + 8 of each tile (a load
-// instruction then touches 8 rows' lines, not 32). L2: the lane's
-// differences x - q (f16x2, one instruction per two dimensions; the query
-// rounded to f16, as the rows are) are at once its share of the A
-// fragment of mma.m16n8k16 and of the B fragment of its own row, so
-// D * D^T's diagonal, accumulated in f32, is each row's squared distance:
+// instruction then touches 8 rows' lines, not 32). L2: the lane's halved
+// differences x / 2 - q / 2 (f16x2, one instruction per two dimensions;
+// the query rounded to f16, as the rows are, once a query: half_query)
+// are at once its share of the A fragment of mma.m16n8k16 and of the B
+// fragment of its own row, so D * D^T's diagonal, accumulated in f32 and
+// times 4, is each row's squared distance:
 // no conversion of the row to f32 (the scalar loop spent three
 // instructions a dimension, one of them the conversion: 1M SIFT on an
 // H200, a query's kernel 54.9 -> 48.4 / 48.7 us at ef 10; 768 dimensions
 // wait on their rows' loads and did not change). Inner product: B is the
 // query. A chunk of 8 dimensions makes two k-steps. The distances are
 // fp16's, the query's rounding included (~1e-3 relative where the query
-// is not exactly fp16): the list's order, and an answer's distance. A
-// difference beyond fp16's range (a coordinate of the row and the query's
-// more than 65504 apart) is infinite, and so is that row's distance.
+// is not exactly fp16): the list's order, and an answer's distance. The
+// halving keeps every difference of two fp16 values in range (a plain
+// x - q beyond 65504 was infinite, and so was its row's distance).
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
 #define GG_NO_MMA
 #endif
 #ifndef GG_NO_MMA
 #define MMA_BATCH 4u  // chunks of each of a lane's four rows in flight at once
+#define HALF2_HALF 0x38003800u  // (0.5, 0.5) in f16x2
+#ifdef GG_Q_EACH_PASS
+#define L2_SCALE 1.f
+#else
+#define L2_SCALE 4.f  // the squares of halved differences
+#endif
+
 __device__ __forceinline__ u32 hsub2(u32 a, u32 b) {
     u32 d;
     asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+    return d;
+}
+__device__ __forceinline__ u32 hfma2(u32 a, u32 b, u32 c) {
+    u32 d;
+    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
     return d;
 }
 __device__ __forceinline__ u32 pack_h2(float lo, float hi) {
@@ -317,6 +330,35 @@ __device__ __forceinline__ void mma16816(float (&c)[4], u32 a0, u32 a1, u32 a2, 
         "{%0,%1,%2,%3};"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+// The query as the tensor cores read it, in place of its f32 values, once
+// a query: chunk c's 8 dimensions as 4 f16x2 words at word 4c; L2: -q / 2
+// (distances_mma takes x / 2 - q / 2, whose range holds any difference of
+// two fp16 values), inner product: q. Chunks 32r.. write the bytes that
+// chunks 16r.. read, in an earlier round (or this one, before its stores).
+// (-DGG_Q_EACH_PASS: the query converted in every pass, the A/B.)
+__device__ __forceinline__ void half_query(float* q, u32 chunks, u32 metric, u32 lane) {
+#ifndef GG_Q_EACH_PASS
+    const float s = metric == GG_METRIC_IP ? 1.f : -0.5f;
+    for (u32 c0 = 0; c0 < chunks; c0 += 32) {
+        const u32 c = c0 + lane;
+        float4 a = make_float4(0.f, 0.f, 0.f, 0.f), b = a;
+        if (c < chunks) {
+            a = *(const float4*)(q + c * 8u);
+            b = *(const float4*)(q + c * 8u + 4u);
+        }
+        __syncwarp();
+        if (c < chunks) {
+            uint4 h;
+            h.x = pack_h2(s * a.x, s * a.y);
+            h.y = pack_h2(s * a.z, s * a.w);
+            h.z = pack_h2(s * b.x, s * b.y);
+            h.w = pack_h2(s * b.z, s * b.w);
+            *(uint4*)((u32*)q + c * 4u) = h;
+        }
+        __syncwarp();
+    }
+#endif
 }
 template <bool IP>
 __device__ __forceinline__ void distances_mma(const unsigned char* vec, u32 chunks, const float* q, const u32* ci,
@@ -355,17 +397,31 @@ __device__ __forceinline__ void distances_mma(const unsigned char* vec, u32 chun
                 const u32 c = (j0 + u) * 4 + t;
                 u32 qh[4] = {0u, 0u, 0u, 0u};
                 if (c < chunks) {
+#ifdef GG_Q_EACH_PASS
                     const float* qq = q + c * 8u;
 #pragma unroll
                     for (u32 e = 0; e < 4; e++) qh[e] = pack_h2(qq[2 * e], qq[2 * e + 1]);
+#else
+                    const uint4 v = *(const uint4*)((const u32*)q + c * 4u);
+                    qh[0] = v.x;
+                    qh[1] = v.y;
+                    qh[2] = v.z;
+                    qh[3] = v.w;
+#endif
                 }
 #pragma unroll
                 for (u32 tile = 0; tile < 2; tile++) {
                     u32 lo[4], hi[4];  // rows g (+16) and g + 8 (+16)
 #pragma unroll
                     for (u32 e = 0; e < 4; e++) {
+#ifdef GG_Q_EACH_PASS
                         lo[e] = IP ? w[u][2 * tile][e] : hsub2(w[u][2 * tile][e], qh[e]);
                         hi[e] = IP ? w[u][2 * tile + 1][e] : hsub2(w[u][2 * tile + 1][e], qh[e]);
+#else
+                        // x / 2 - q / 2 in one rounding (qh holds -q / 2)
+                        lo[e] = IP ? w[u][2 * tile][e] : hfma2(w[u][2 * tile][e], HALF2_HALF, qh[e]);
+                        hi[e] = IP ? w[u][2 * tile + 1][e] : hfma2(w[u][2 * tile + 1][e], HALF2_HALF, qh[e]);
+#endif
                     }
 #pragma unroll
                     for (u32 k = 0; k < 4; k += 2) {
@@ -392,8 +448,8 @@ __device__ __forceinline__ void distances_mma(const unsigned char* vec, u32 chun
                 }
             } else if (t == (g >> 1)) {
                 const u32 odd = g & 1;
-                if (i0 < m) cd[i0] = odd ? acc[2 * tile][1] : acc[2 * tile][0];
-                if (i1 < m) cd[i1] = odd ? acc[2 * tile + 1][3] : acc[2 * tile + 1][2];
+                if (i0 < m) cd[i0] = L2_SCALE * (odd ? acc[2 * tile][1] : acc[2 * tile][0]);
+                if (i1 < m) cd[i1] = L2_SCALE * (odd ? acc[2 * tile + 1][3] : acc[2 * tile + 1][2]);
             }
         }
     }
@@ -627,22 +683,98 @@ struct Lists {
     u32 cnt;
 };
 
-// The ms survivors (cd, ci)[0..ms) merged into the list, 32 at a time.
-__device__ __forceinline__ void merge_all(Lists& L, u32 cap, const float* cd, const u32* ci, u32 ms, u32 lane) {
+// The merge's output becomes the list.
+__device__ __forceinline__ void swap_lists(Lists& L) {
+    float* td = L.ad;
+    L.ad = L.bd;
+    L.bd = td;
+    u32* ti = L.ai;
+    L.ai = L.bi;
+    L.bi = ti;
+}
+
+// A list's first entries (an empty list: a query's start, the scan's
+// first 32): c <= 32 unsorted new entries (cd, ci) sorted in registers,
+// 15 rounds of shuffles, the first min(cap, c) written to (bd, bi); where
+// counting ranks (merge_unsorted) took a loop of 32 shared loads after
+// shared loads. Only at the start, and a function of its own: inlined, it
+// made the persistent kernel spill more registers (nvdisasm, sm_90: 193
+// local loads inlined in every merge, 136 at the start alone, 86 as a
+// call, 58 with no sort).
+__device__ __noinline__ u32 sort_first(float* bd, u32* bi, u32 cap, const float* cd, const u32* ci, u32 c,
+                                          u32 lane) {
+    // (an empty lane: the largest key, last)
+    float d = __int_as_float(0x7f800000);
+    u32 id = 0xFFFFFFFFu;
+    if (lane < c) {
+        d = cd[lane];
+        id = ci[lane];
+    }
+    u32 key = id & ID_MASK;
+#pragma unroll
+    for (u32 k = 2; k <= 32; k <<= 1) {
+#pragma unroll
+        for (u32 j = k >> 1; j > 0; j >>= 1) {
+            const float od = __shfl_xor_sync(FULL_MASK, d, j);
+            const u32 oid = __shfl_xor_sync(FULL_MASK, id, j);
+            const u32 okey = oid & ID_MASK;
+            // ascending runs where bit k of the lane is clear; the
+            // lower lane of a pair keeps the smaller key there
+            const bool keep_min = ((lane & k) == 0) == ((lane & j) == 0);
+            const bool take = keep_min ? key_lt(od, okey, d, key) : key_lt(d, key, od, okey);
+            if (take) {
+                d = od;
+                id = oid;
+                key = okey;
+            }
+        }
+    }
+    const u32 n = c < cap ? c : cap;
+    if (lane < n) {
+        bd[lane] = d;
+        bi[lane] = id;
+    }
+    __syncwarp();
+    return n;
+}
+
+// The ms survivors (cd, ci)[0..ms) merged into the list, 32 at a time;
+// each 32 from entry `refilter` on only with what is nearer than the
+// list's last entry by then (a query's start of 64 nodes: ~5 of its
+// second 32, not 32).
+__device__ __forceinline__ void merge_all(Lists& L, u32 cap, float* cd, u32* ci, u32 ms, u32 lane,
+                                          u32 refilter = 32) {
     for (u32 b = 0; b < ms; b += 32) {
-        const u32 c = ms - b < 32 ? ms - b : 32;
+        u32 c = ms - b < 32 ? ms - b : 32;
+#ifndef GG_NO_REFILTER
+        if (b >= refilter && L.cnt >= cap) {
+            const float thr = L.ad[cap - 1];
+            const bool in = lane < c;
+            const float d = in ? cd[b + lane] : 0.f;
+            const u32 id = in ? ci[b + lane] : 0u;
+            const bool keep = in && d < thr;
+            const u32 bal = __ballot_sync(FULL_MASK, keep);
+            __syncwarp();
+            if (keep) {
+                const u32 p = b + __popc(bal & lanemask_lt());
+                cd[p] = d;
+                ci[p] = id;
+            }
+            __syncwarp();
+            c = __popc(bal);
+            if (c == 0) continue;
+        }
+#endif
         L.cnt = merge_unsorted(L.ad, L.ai, L.cnt, L.bd, L.bi, cap, cd + b, ci + b, c, lane);
-        float* td = L.ad;
-        L.ad = L.bd;
-        L.bd = td;
-        u32* ti = L.ai;
-        L.ai = L.bi;
-        L.bi = ti;
+        swap_lists(L);
     }
 }
 
 // Distances of the m new ids in ci, then the ones nearer than the list's
-// last entry merged into the list, 32 at a time.
+// last entry merged into the list, 32 at a time (FIRST: the scan's start,
+// an empty list's first 32 sorted by sort_first, -DGG_START_COUNT merged
+// as any other for the A/B).
+template <bool FIRST = false>
 __device__ __forceinline__ void absorb(const IndexDesc& ix, const float* q, u32* ci, float* cd, u32 m, Lists& L,
                                        u32 cap, Phases& ph, u32 lane) {
     if (m == 0) return;
@@ -675,7 +807,17 @@ __device__ __forceinline__ void absorb(const IndexDesc& ix, const float* q, u32*
         __syncwarp();
     }
     __syncwarp();
-    merge_all(L, cap, cd, ci, ms, lane);
+#ifndef GG_START_COUNT
+    if (FIRST && L.cnt == 0 && ms > 0) {
+        const u32 c = ms < 32 ? ms : 32;
+        L.cnt = sort_first(L.bd, L.bi, cap, cd, ci, c, lane);
+        swap_lists(L);
+        merge_all(L, cap, cd + c, ci + c, ms - c, lane, 0);
+    } else
+#endif
+    {
+        merge_all(L, cap, cd, ci, ms, lane);
+    }
     ph.merge += cycles() - t1;
 }
 
@@ -909,11 +1051,11 @@ __device__ __forceinline__ Smem carve(unsigned char* smem, u32 max_qwords, u32 l
     return S;
 }
 
-// Entry `xi` of the index table, read through L2; false when it is not a
-// loaded index of generation `xgen` that a search can use.
-__device__ __forceinline__ bool load_desc(const IndexDesc* indexes, u32 n_indexes, u32 xi, u32 xgen, IndexDesc& ix) {
-    if (xi >= n_indexes) return false;
-    const IndexDesc* desc = indexes + xi;
+// Entry `xi` of the index table, read through L2 into ix (its loads only
+// issued: desc_usable looks at them, so that other loads can go in the
+// same round trip); an `xi` past the table reads entry 0 and is unusable.
+__device__ __forceinline__ void load_desc(const IndexDesc* indexes, u32 n_indexes, u32 xi, IndexDesc& ix) {
+    const IndexDesc* desc = indexes + (xi < n_indexes ? xi : 0u);
     ix.vectors = ((u64)ld_cg_u32((const u32*)&desc->vectors + 1) << 32) | ld_cg_u32(&desc->vectors);
     ix.adjacency = ((u64)ld_cg_u32((const u32*)&desc->adjacency + 1) << 32) | ld_cg_u32(&desc->adjacency);
     ix.flags = ((u64)ld_cg_u32((const u32*)&desc->flags + 1) << 32) | ld_cg_u32(&desc->flags);
@@ -926,11 +1068,28 @@ __device__ __forceinline__ bool load_desc(const IndexDesc* indexes, u32 n_indexe
     ix.lanes = ld_cg_u32(&desc->lanes);
     ix.gen = ld_cg_u32(&desc->gen);
     ix.rows = ((u64)ld_cg_u32((const u32*)&desc->rows + 1) << 32) | ld_cg_u32(&desc->rows);
-    return ix.gen != 0 && ix.gen == xgen && ix.n > 0 && ix.entry < ix.n && ix.degree > 0 && ix.degree <= CAND_CAP;
 }
 
-// Copies `qwords` floats (a multiple of 4) of a query into shared memory.
+// Whether ix, entry `xi` of a table of n_indexes, is a loaded index of
+// generation `xgen` that a search can use.
+__device__ __forceinline__ bool desc_usable(const IndexDesc& ix, u32 xi, u32 n_indexes, u32 xgen) {
+    return xi < n_indexes && ix.gen != 0 && ix.gen == xgen && ix.n > 0 && ix.entry < ix.n && ix.degree > 0 &&
+           ix.degree <= CAND_CAP;
+}
+
+// Copies `qwords` floats (a multiple of 4) of a query into shared memory,
+// every lane's 16-byte pieces in flight at once (one round trip whatever
+// the dimensions, not one per 128): on sm_80+ by cp.async, L2 to shared
+// memory with no registers in between (a staging array of registers made
+// the kernel spill more).
 __device__ __forceinline__ void load_query(const u32* src, float* q, u32 qwords, u32 lane) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800 && !defined(GG_SERIAL_HEAD)
+    for (u32 i = lane * 4; i < qwords; i += 128) {
+        const u32 dst = (u32)__cvta_generic_to_shared(q + i);
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" : : "r"(dst), "l"(src + i) : "memory");
+    }
+    asm volatile("cp.async.wait_all;" : : : "memory");
+#else
     for (u32 i = lane * 4; i < qwords; i += 128) {
         u32 a, b, cc, d;
         ld_cg_v4(src + i, a, b, cc, d);
@@ -939,6 +1098,7 @@ __device__ __forceinline__ void load_query(const u32* src, float* q, u32 qwords,
         q[i + 2] = __uint_as_float(cc);
         q[i + 3] = __uint_as_float(d);
     }
+#endif
     __syncwarp();
 }
 
@@ -983,6 +1143,9 @@ __device__ __forceinline__ u32 search_one(const IndexDesc& ix, const Smem& S, u6
     const unsigned char* vec = (const unsigned char*)ix.vectors;
     const u32 row_bytes = ix.chunks * 16u;
 
+#ifndef GG_NO_MMA
+    if (ix.half) half_query(S.q, ix.chunks, ix.metric, lane);
+#endif
     u64 tc = cycles();
     u32 m;
     if (p.scan > 0) {
@@ -995,7 +1158,7 @@ __device__ __forceinline__ u32 search_one(const IndexDesc& ix, const Smem& S, u6
             m = mine - b < CAND_CAP ? mine - b : CAND_CAP;
             for (u32 e = lane; e < m; e += 32) ci[e] = spread_node(t + (b + e) * ctas, ix.n, total);
             __syncwarp();
-            absorb(ix, S.q, ci, cd, m, L, cap, ph, lane);
+            absorb<true>(ix, S.q, ci, cd, m, L, cap, ph, lane);
         }
         computed += mine;
         tc = cycles();
@@ -1268,6 +1431,11 @@ __device__ void dispatch(const SearchParams& P, u32 lane) {
     }
 }
 
+#ifndef GG_IDLE_FAST
+#define GG_IDLE_FAST 256u
+#endif
+#define IDLE_FAST GG_IDLE_FAST
+
 // The one parameter is __grid_constant__: read in place from the parameter
 // space. Without it the compiler copies the struct to local memory, and the
 // kernel drops from 154 registers to 128 with spills (about 15% fewer
@@ -1309,9 +1477,12 @@ extern "C" __global__ void __launch_bounds__(32 * GG_WARPS)
         if (lane == 0) c = ld_acquire_u32(cmd + slot);
         c = __shfl_sync(FULL_MASK, c, 0);
         if (c == last) {
-            // idle: back off, deeper the longer the slot stays idle
+            // idle: back off, deeper the longer the slot stays idle; the
+            // first ~100 us of polls short, so that a client's next query
+            // (one client through SQL: ~60 us between a slot's queries)
+            // is seen within a poll's round trip, not after a 512 ns nap
             ++idle;
-            const u32 ns = idle < 32 ? 64u : idle < 2048 ? 512u : idle < 65536 ? 4096u : P.max_sleep_ns;
+            const u32 ns = idle < IDLE_FAST ? 64u : idle < 2048 ? 512u : idle < 65536 ? 4096u : P.max_sleep_ns;
             nanosleep_ns(ns);
             continue;
         }
@@ -1334,27 +1505,46 @@ extern "C" __global__ void __launch_bounds__(32 * GG_WARPS)
         // the request is in device memory before cmd changed (stream order,
         // or the dispatcher's fence);
         // its own sequence word says so (and nobody rewrites it before this
-        // CTA arrives below)
-        while (ld_cg_u32(&req->cmd) != c) nanosleep_ns(32);
+        // CTA arrives below); the other fields are read beside it, in the
+        // same round trip, and again with it when it did not say so
         CtaPlan p;
-        p.k = ld_cg_u32(&req->k);
-        p.cap = ld_cg_u32(&req->list);
-        p.max_expand = ld_cg_u32(&req->max_expand);
-        p.offset_beam = ld_cg_u32(&req->offset_beam);
-        p.beam = ld_cg_u32(&req->beam);
-        p.seeds = ld_cg_u32(&req->seeds);
-        p.scan = ld_cg_u32(&req->scan);
-        const u32 qwords = ld_cg_u32(&req->qwords);
-
+        u32 qwords, xi, xgen;
+        // (-DGG_SERIAL_HEAD: the word, the fields, then the descriptor and
+        // the query, each a round trip of its own: the A/B)
+#ifdef GG_SERIAL_HEAD
+        while (ld_cg_u32(&req->cmd) != c) nanosleep_ns(32);
+#endif
+        for (;;) {
+            const u32 rc = ld_cg_u32(&req->cmd);
+            p.k = ld_cg_u32(&req->k);
+            p.cap = ld_cg_u32(&req->list);
+            p.max_expand = ld_cg_u32(&req->max_expand);
+            p.offset_beam = ld_cg_u32(&req->offset_beam);
+            p.beam = ld_cg_u32(&req->beam);
+            p.seeds = ld_cg_u32(&req->seeds);
+            p.scan = ld_cg_u32(&req->scan);
+            qwords = ld_cg_u32(&req->qwords);
+            xi = ld_cg_u32(&req->index);
+            xgen = ld_cg_u32(&req->gen);
+            if (rc == c) break;
+            nanosleep_ns(32);
+        }
+        const u64 c0 = cycles();
         IndexDesc ix;
-        const bool ok = load_desc(indexes, P.n_indexes, ld_cg_u32(&req->index), ld_cg_u32(&req->gen), ix) &&
-                        p.cap > 0 && p.cap <= list_cap && p.k <= k_max && qwords <= max_qwords;
+        load_desc(indexes, P.n_indexes, xi, ix);
+        // the query's loads beside the descriptor's: one round trip for both
+#ifndef GG_SERIAL_HEAD
+        if (qwords <= max_qwords) load_query((const u32*)(req + 1), S.q, qwords, lane);
+#endif
+        const bool ok = desc_usable(ix, xi, P.n_indexes, xgen) && p.cap > 0 && p.cap <= list_cap && p.k <= k_max &&
+                        qwords <= max_qwords;
         u32 written = 0, expanded = 0, computed = 0, steps = 0;
         u64 started = picked, searched = picked;
         Phases ph = {0, 0, 0};
-        const u64 c0 = cycles();
         if (ok) {
+#ifdef GG_SERIAL_HEAD
             load_query((const u32*)(req + 1), S.q, qwords, lane);
+#endif
             written = search_one(ix, S, table, vmask, c, t, ctas, p, 0, hits, rows_out, expanded, computed, steps,
                                  started, ph, lane);
             searched = globaltimer();
@@ -1421,7 +1611,8 @@ extern "C" __global__ void __launch_bounds__(32, GG_BATCH_MIN_BLOCKS)
     u64* table = (u64*)P.visited + ((u64)blockIdx.x << P.visited_log2);
     u32* counts = (u32*)P.counts;
     IndexDesc ix;
-    const bool ok = load_desc((const IndexDesc*)P.indexes, P.n_indexes, P.index, P.gen, ix);
+    load_desc((const IndexDesc*)P.indexes, P.n_indexes, P.index, ix);
+    const bool ok = desc_usable(ix, P.index, P.n_indexes, P.gen);
     CtaPlan p;
     p.k = P.k;
     p.cap = P.list;

@@ -4,10 +4,12 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use gpu_graph_engine::dataset::Matrix;
 use gpu_graph_engine::flat::FlatIndex;
 use gpu_graph_engine::graph::Graph;
 use gpu_graph_engine::metric::Metric;
 use gpu_graph_engine::node;
+use gpu_graph_engine::recall::exact_knn;
 use gpu_graph_engine::NO_NODE;
 use gpu_graph_gpu::search::{Patch, ResidentId, SearchError, SearchServer};
 
@@ -24,6 +26,7 @@ pub fn run(
 ) {
     let ef = *efs.iter().max().unwrap_or(&64);
     inner_product(server, ip_id, ix, data, ef, v);
+    far_coordinate(server, ix, data, ef, v);
     held(server, id, ix, data, ef, v);
     two_at_once(server, (id, ip_id), ix, v);
     deletes(server, id, ix, data, v);
@@ -95,6 +98,51 @@ fn answers(
         .map(|r| r.map_err(|e| e.to_string()))
         .collect();
     score(hits.iter().map(|r| r.as_deref().map_err(Clone::clone)), index, queries, truth)
+}
+
+/// A query far from every row in one coordinate: the L2 index's rows with
+/// coordinate 0 at -32,768 and the first 100 queries with it at +32,768
+/// (both exact in fp16, 65,536 apart: past fp16's 65,504), the rest as
+/// they are; the same graph, the exact nearest by brute force. The tensor
+/// cores measure halved differences, so every answer's distance is finite
+/// and the host's own (check_answer); a plain x - q was infinite, every
+/// row infinitely far (-DGG_Q_EACH_PASS keeps that kernel: this check
+/// fails there).
+fn far_coordinate(server: &SearchServer, ix: &Indexes, data: &Data, ef: usize, v: &mut Verdict) {
+    const FAR: f32 = 32_768.0;
+    let full = &ix.l2;
+    let (sd, dim) = (full.stored_dim, data.queries.dim);
+    if sd != dim || full.vectors.iter().any(|x| x.abs() > 30_000.0) {
+        println!("skip far coordinate: rows of {sd} stored values for {dim} dimensions, or values past 30,000");
+        return;
+    }
+    let mut rows = full.vectors.clone();
+    rows.chunks_mut(sd).for_each(|r| r[0] = -FAR);
+    let far = FlatIndex::new(Metric::L2, sd, rows, full.graph.clone());
+    let nq = data.queries.len().min(100);
+    let mut qs = data.queries.data[..nq * dim].to_vec();
+    qs.chunks_mut(dim).for_each(|q| q[0] = FAR);
+    let queries = Matrix { dim, data: qs };
+    let truth = exact_knn(&far.vectors, sd, &queries.data, K, Metric::L2);
+    let prepared: Vec<Vec<f32>> = (0..nq).map(|q| Metric::L2.prepare_query(queries.row(q))).collect();
+    let id = match server.load(&far) {
+        Ok(id) => id,
+        Err(e) => {
+            v.check(false, format!("far coordinate: loading: {e}"));
+            return;
+        }
+    };
+    let half = server.resident_info(id).is_some_and(|i| i.half);
+    let (cr, _) = cpu_recall(&far, Metric::L2, &queries, &truth, ef);
+    let (r, bad) = answers(server, id, &far, &prepared, &truth, ef);
+    let _ = server.unload(id);
+    v.check(
+        bad.is_none() && r >= cr - 0.02,
+        format!(
+            "far coordinate (65,536 apart, fp16 {half}): recall@10 {r:.4} at ef {ef} over {nq} queries (cpu {cr:.4}){}",
+            bad.map(|b| format!("; {b}")).unwrap_or_default()
+        ),
+    );
 }
 
 /// The inner-product index against the CPU on the same graph.

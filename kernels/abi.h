@@ -212,7 +212,12 @@ struct RequestHead {
     u32 seeds;        // start nodes spread over the ids, all CTAs (at most GG_MAX_SEEDS)
     u32 qwords;       // floats of the query that follow
     u32 scan;         // nodes measured at the start in place of entry and seeds, all CTAs (0: none; at most GG_MAX_SCAN)
-    u32 pad[4];
+    // written by the dispatcher into its device copy (the host leaves them
+    // 0): %globaltimer's low word when it saw the ring entry, and the ns
+    // its copy of the request from host memory took (the breakdown)
+    u32 seen;
+    u32 copy_ns;
+    u32 pad[2];
 };
 
 // A CTA's answer in mapped host memory (SearchParams.cta_block bytes): this
@@ -234,9 +239,9 @@ struct ResultHead {
     u32 claim_cycles;
     u32 dist_cycles;
     u32 merge_cycles;
-    u32 pad0;
-    u32 pad1;
-    u32 pad2;
+    u32 dispatch_ns;  // the dispatcher seeing the ring entry -> picked (0 without the doorbell)
+    u32 copy_ns;      // of which its copy of the request from host memory
+    u32 fence_ns;     // this CTA's previous answer: its hits written -> its finish word stored
 };
 
 struct ResultHit {

@@ -70,10 +70,11 @@
 //     `max_expand` expansions (the iteration cap: the paper has none; it
 //     bounds a query's time whatever the graph);
 //   * writes its first k live (not deleted) entries and a header to the
-//     slot's result block in mapped pinned host memory, fences at system
-//     scope, and arrives on the slot's device counter; the last CTA to
-//     arrive resets the counter, fences again and writes finish[slot]
-//     (a query of one CTA writes it at once).
+//     slot's result block in mapped pinned host memory and arrives on the
+//     slot's device counter (an atomic of system scope, acquire and
+//     release); the last CTA to arrive resets the counter and writes
+//     finish[slot] with a release store, which orders every CTA's answer
+//     before it (a query of one CTA writes it at once).
 //   The host merges the per-CTA lists with a heap and drops duplicates
 //   (ALGAS IV-B: no GPU merge kernel).
 //
@@ -1401,6 +1402,8 @@ __device__ void dispatch(const SearchParams& P, u32 lane) {
             continue;
         }
         idle = 0;
+        // when this poll saw the entries (the breakdown's dispatch time)
+        const u64 seen = globaltimer();
         for (u32 j = 0; j < n; j++) {
             const u64 ej = __shfl_sync(FULL_MASK, e, j);
             const u32 slot = (u32)(ej >> GG_RING_SLOT_SHIFT) & GG_RING_LEN_MASK;
@@ -1417,14 +1420,26 @@ __device__ void dispatch(const SearchParams& P, u32 lane) {
             const unsigned char* src = (const unsigned char*)P.staging + (u64)slot * P.req_stride;
             unsigned char* dst = (unsigned char*)P.reqs + (u64)slot * P.req_stride;
             copy_from_host<16>(dst, src, chunks * 16u, lane, 32u);
+            const u64 copied = globaltimer();
+            // the copy's stores of every lane before lane 0's below
+            __syncwarp();
             // RequestHead.cmd: lane 0 stored that word itself, and reads it
             // back from L2 (.cg)
             u32 c = 0;
-            if (lane == 0) c = ld_cg_u32(dst);
+            if (lane == 0) {
+                RequestHead* h = (RequestHead*)dst;
+                h->seen = (u32)seen;
+                h->copy_ns = (u32)(copied - seen);
+                c = ld_cg_u32(dst);
+            }
             c = __shfl_sync(FULL_MASK, c, 0);
-            // the request before its slot word
+            // the request before its slot word: the release alone orders
+            // every lane's copy (the __syncwarp above) before the word;
+            // -DGG_FENCE_TWICE fences first as well (the A/B)
+#ifdef GG_FENCE_TWICE
             __threadfence();
             __syncwarp();
+#endif
             if (lane == 0) st_release_gpu(cmd + slot, c);
         }
         head += n;
@@ -1472,6 +1487,8 @@ extern "C" __global__ void __launch_bounds__(32 * GG_WARPS)
     u64* rows_out = (u64*)(hits + k_max);
 
     u32 last = 0, idle = 0;
+    // this CTA's last answer: its hits written -> its finish word stored (ns)
+    u32 fence_ns = 0;
     for (;;) {
         u32 c = 0;
         if (lane == 0) c = ld_acquire_u32(cmd + slot);
@@ -1508,7 +1525,7 @@ extern "C" __global__ void __launch_bounds__(32 * GG_WARPS)
         // CTA arrives below); the other fields are read beside it, in the
         // same round trip, and again with it when it did not say so
         CtaPlan p;
-        u32 qwords, xi, xgen;
+        u32 qwords, xi, xgen, seen, copy_ns;
         // (-DGG_SERIAL_HEAD: the word, the fields, then the descriptor and
         // the query, each a round trip of its own: the A/B)
 #ifdef GG_SERIAL_HEAD
@@ -1526,6 +1543,8 @@ extern "C" __global__ void __launch_bounds__(32 * GG_WARPS)
             qwords = ld_cg_u32(&req->qwords);
             xi = ld_cg_u32(&req->index);
             xgen = ld_cg_u32(&req->gen);
+            seen = ld_cg_u32(&req->seen);
+            copy_ns = ld_cg_u32(&req->copy_ns);
             if (rc == c) break;
             nanosleep_ns(32);
         }
@@ -1555,10 +1574,18 @@ extern "C" __global__ void __launch_bounds__(32 * GG_WARPS)
             unsigned char* o = (unsigned char*)out;
             st_v4(o + 16, (u32)picked, (u32)(picked >> 32), (u32)(started - picked), (u32)(searched - picked));
             st_v4(o + 32, steps, (u32)(cycles() - c0), (u32)ph.claim, (u32)ph.dist);
-            st_v4(o + 48, (u32)ph.merge, 0u, 0u, 0u);
+            // (the host leaves `seen` 0: no doorbell, no dispatch time)
+            st_v4(o + 48, (u32)ph.merge, seen != 0 ? (u32)picked - seen : 0u, copy_ns, fence_ns);
             st_v4(out, c, written, expanded, computed);
         }
+        // every lane's hits before lane 0's finish word or count: the
+        // __syncwarp orders them before lane 0's release (the word's, or
+        // the count's acq_rel), which is cumulative; no fence of its own
+        // (-DGG_FENCE_TWICE: fence.sc.sys here and before the word after
+        // the count too, the A/B: one query's finish 2.4 -> 1.1 us)
+#ifdef GG_FENCE_TWICE
         fence_sys();
+#endif
         __syncwarp();
         // (-DGG_ALWAYS_COUNT: every query counts its CTAs, the A/B of
         // docs/benchmarks.md)
@@ -1566,17 +1593,22 @@ extern "C" __global__ void __launch_bounds__(32 * GG_WARPS)
 #define GG_ALWAYS_COUNT 0
 #endif
         if (lane == 0 && ctas == 1 && !GG_ALWAYS_COUNT) {
-            // alone: no count of the CTAs that finished, no second fence
+            // alone: no count of the CTAs that finished
             st_release_sys(finish + (u64)slot * P.finish_stride, c);
         } else if (lane == 0) {
+            // release: this CTA's hits before its count; acquire: the
+            // other CTAs' before the word
             const u32 a = atom_add_sys(done + slot, 1u);
             if (a == ctas - 1) {
                 // the last CTA of the query: reset the counter, then Finish
                 atomicExch(done + slot, 0u);
+#ifdef GG_FENCE_TWICE
                 fence_sys();
+#endif
                 st_release_sys(finish + (u64)slot * P.finish_stride, c);
             }
         }
+        fence_ns = (u32)(globaltimer() - searched);
         __syncwarp();
     }
 }

@@ -168,6 +168,10 @@ pub struct Latencies {
     pub kernel_start: Histogram,
     /// GPU: steps of the search loop (the most of any CTA; a count, not µs)
     pub kernel_steps: Histogram,
+    /// GPU: the dispatcher seeing the request's ring entry → the first CTA
+    /// taking the query (the request's copy from host memory, the slot
+    /// word, the CTA's poll)
+    pub kernel_dispatch: Histogram,
     /// GPU: the worker's submit → its seeing the answer, less `kernel`
     pub transport: Histogram,
 }
@@ -183,18 +187,20 @@ impl Latencies {
             kernel: Histogram::new(),
             kernel_start: Histogram::new(),
             kernel_steps: Histogram::new(),
+            kernel_dispatch: Histogram::new(),
             transport: Histogram::new(),
         }
     }
 
     /// The kernel's clock of one search (`kernel`, `kernel_start`,
-    /// `kernel_steps`), whoever read its answer: the worker or the scan;
+    /// `kernel_steps`, `kernel_dispatch`), whoever read its answer: the worker or the scan;
     /// its span in µs.
     pub fn record_kernel(&self, t: &KernelTimes) -> i64 {
         let us = |ns: u32| (ns as i64 + 500) / 1000;
         self.kernel.record(us(t.span_ns));
         self.kernel_start.record(us(t.start_ns));
         self.kernel_steps.record(t.steps as i64);
+        self.kernel_dispatch.record(us(t.dispatch_ns));
         us(t.span_ns)
     }
 }
@@ -210,6 +216,7 @@ pub struct LatencyJson {
     kernel: Option<Percentiles>,
     kernel_start: Option<Percentiles>,
     kernel_steps: Option<Percentiles>,
+    kernel_dispatch: Option<Percentiles>,
     transport: Option<Percentiles>,
 }
 
@@ -224,6 +231,7 @@ impl LatencyJson {
             kernel: l.kernel.percentiles(),
             kernel_start: l.kernel_start.percentiles(),
             kernel_steps: l.kernel_steps.percentiles(),
+            kernel_dispatch: l.kernel_dispatch.percentiles(),
             transport: l.transport.percentiles(),
         }
     }

@@ -150,7 +150,7 @@ import sys
 steps = {s.split()[0]: [float(x) for x in s.split()[1:]] for s in sys.argv[1].split(',')}
 want = {'queue', 'search', 'wake', 'verify', 'roundtrip'}
 if sys.argv[2] == 'gpu':
-    want |= {'kernel', 'kernel_start', 'kernel_steps', 'transport'}
+    want |= {'kernel', 'kernel_start', 'kernel_steps', 'kernel_dispatch', 'transport'}
 assert set(steps) == want, steps
 if sys.argv[2] == 'gpu':
     # the kernel's part of a search is within the search

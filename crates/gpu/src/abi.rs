@@ -171,7 +171,9 @@ abi_structs! {
         pub seeds: u32,
         pub qwords: u32,
         pub scan: u32,
-        pub pad: [u32; 4],
+        pub seen: u32,
+        pub copy_ns: u32,
+        pub pad: [u32; 2],
     }
 
     /// A CTA's answer header; `k_max` [`ResultHit`]s follow.
@@ -188,9 +190,9 @@ abi_structs! {
         pub claim_cycles: u32,
         pub dist_cycles: u32,
         pub merge_cycles: u32,
-        pub pad0: u32,
-        pub pad1: u32,
-        pub pad2: u32,
+        pub dispatch_ns: u32,
+        pub copy_ns: u32,
+        pub fence_ns: u32,
     }
 
     pub struct ResultHit {

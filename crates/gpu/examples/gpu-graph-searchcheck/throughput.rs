@@ -37,7 +37,17 @@ struct Run {
     steps: f64,
     /// the slowest CTA's mean cycles, claim, dist, merge
     cycles: [f64; 4],
+    /// p50 of the rest's parts (µs): see [`Parts`]
+    parts: [f64; 5],
 }
+
+/// The rest of one answer's latency (outside the kernel's span), ns: the
+/// dispatcher's entry seen -> the first CTA taking it, of which the
+/// request's copy; the last fence and finish word of a CTA; and by the
+/// host's clock (CLOCK_REALTIME) against %globaltimer, which run apart by
+/// whatever offset the two have: submit -> the dispatcher seeing the entry,
+/// the hits written -> the host holding the answer.
+type Parts = [i64; 5];
 
 /// What every submitter adds up.
 #[derive(Default)]
@@ -49,6 +59,7 @@ struct Tally {
     cycles: [u64; 4],
     /// per answer: latency less the kernel's span (ns)
     rest_ns: Vec<u64>,
+    parts: Vec<Parts>,
     first: Vec<(usize, Vec<f64>)>,
     computed: u64,
     expanded: u64,
@@ -86,12 +97,22 @@ impl Runs<'_> {
                 break;
             }
             let start = Instant::now();
+            let posted = realtime_ns();
             let r = self.server.submit_plan(self.id, &self.ix.l2_queries[i % nq], K, plan);
             match r.and_then(|mut tk| self.server.wait(&mut tk, WAIT)) {
                 Ok(a) => {
                     let ns = start.elapsed().as_nanos() as u64;
+                    let held = realtime_ns();
                     t.latencies_ns.push(ns);
                     let g = a.times;
+                    let seen = g.picked_at as i64 - g.dispatch_ns as i64;
+                    t.parts.push([
+                        g.dispatch_ns as i64,
+                        g.copy_ns as i64,
+                        g.fence_ns as i64,
+                        seen - posted,
+                        held - g.searched_at as i64,
+                    ]);
                     t.gpu.push((g.span_ns as u64, g.start_ns as u64, g.steps as u64));
                     for (a, b) in t.cycles.iter_mut().zip([g.cycles, g.claim_cycles, g.dist_cycles, g.merge_cycles]) {
                         *a += b as u64;
@@ -135,6 +156,7 @@ impl Runs<'_> {
                         *x += y;
                     }
                     a.rest_ns.extend(t.rest_ns);
+                    a.parts.extend(t.parts);
                     a.first.extend(t.first);
                     (a.computed, a.expanded, a.capped, a.errors) =
                         (a.computed + t.computed, a.expanded + t.expanded, a.capped + t.capped, a.errors + t.errors);
@@ -154,7 +176,13 @@ impl Runs<'_> {
         let mut span: Vec<u64> = a.gpu.iter().map(|g| g.0).collect();
         let mut start: Vec<u64> = a.gpu.iter().map(|g| g.1).collect();
         let steps = a.gpu.iter().map(|g| g.2).sum::<u64>() as f64 / answered.max(1) as f64;
+        let parts = std::array::from_fn(|i| {
+            let mut v: Vec<i64> = a.parts.iter().map(|p| p[i]).collect();
+            v.sort_unstable();
+            v.get(v.len() / 2).copied().unwrap_or(0) as f64 / 1e3
+        });
         Run {
+            parts,
             kernel_us: percentile_us(&mut span, 0.5),
             start_us: percentile_us(&mut start, 0.5),
             rest_us: percentile_us(&mut a.rest_ns, 0.5),
@@ -225,6 +253,10 @@ impl Runs<'_> {
                         100.0 * r.cycles[2] / r.cycles[0].max(1.0),
                         100.0 * r.cycles[3] / r.cycles[0].max(1.0)
                     );
+                    let line = format!(
+                        "{line}\n{:>14} rest p50: dispatch {:.1} us (copy {:.1}), fence and finish {:.1} us; host clock: submit -> entry seen {:.1} us, hits written -> answer held {:.1} us",
+                        "", r.parts[0], r.parts[1], r.parts[2], r.parts[3], r.parts[4]
+                    );
                     if label == "default" {
                         verdict.check(ok, line);
                     } else {
@@ -238,4 +270,9 @@ impl Runs<'_> {
             }
         }
     }
+}
+
+/// CLOCK_REALTIME in ns: what %globaltimer is compared with.
+fn realtime_ns() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as i64)
 }

@@ -151,9 +151,13 @@ pub unsafe fn read<'a>(results: *const u8, l: &AnswerLayout, r: &Route) -> Resul
         b.expanded = b.expanded.saturating_add(head.expanded);
         b.computed = b.computed.saturating_add(head.computed);
         b.capped += (head.expanded >= r.max_expand) as u32;
+        let t = &mut b.times;
+        if head.picked < first {
+            (t.dispatch_ns, t.copy_ns) = (head.dispatch_ns, head.copy_ns);
+        }
+        t.fence_ns = t.fence_ns.max(head.fence_ns);
         first = first.min(head.picked);
         last = last.max(head.picked + head.search_ns as u64);
-        let t = &mut b.times;
         t.start_ns = t.start_ns.max(head.start_ns);
         t.steps = t.steps.max(head.steps);
         if head.cycles >= t.cycles {
@@ -163,6 +167,7 @@ pub unsafe fn read<'a>(results: *const u8, l: &AnswerLayout, r: &Route) -> Resul
         (b.hits[c], b.rows[c]) = (hits, rows);
     }
     b.times.span_ns = last.saturating_sub(first).min(u32::MAX as u64) as u32;
+    (b.times.picked_at, b.times.searched_at) = (first, last);
     Ok(b)
 }
 

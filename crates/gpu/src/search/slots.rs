@@ -73,6 +73,17 @@ pub struct KernelTimes {
     pub claim_cycles: u32,
     pub dist_cycles: u32,
     pub merge_cycles: u32,
+    /// the dispatcher seeing the query's ring entry -> the first CTA taking
+    /// it (0 without the doorbell), and of that its copy of the request
+    pub dispatch_ns: u32,
+    pub copy_ns: u32,
+    /// the longest of its CTAs' last fences: an earlier answer's hits
+    /// written -> its finish word stored
+    pub fence_ns: u32,
+    /// %globaltimer when the first CTA took the query and when the last
+    /// one's hits were written (ns)
+    pub picked_at: u64,
+    pub searched_at: u64,
 }
 
 /// The host's view of a slot, under its mutex.
@@ -345,7 +356,9 @@ impl Slots {
             seeds: plan.seeds.min(abi::MAX_SEEDS),
             scan: plan.scan.min(abi::MAX_SCAN),
             qwords: res.fmt.qwords as u32,
-            pad: [0; 4],
+            seen: 0,
+            copy_ns: 0,
+            pad: [0; 2],
         };
         let bytes = std::mem::size_of::<RequestHead>() + 4 * res.fmt.qwords;
         let at = slot as usize * self.z.req_stride;

@@ -249,6 +249,15 @@ mod tests {
             }
         }
 
+        /// The header CTA `cta` of `slot` wrote (after `cta`).
+        fn head(&mut self, slot: u32, cta: usize) -> &mut ResultHead {
+            let l = self.l;
+            let base =
+                self.at(l.results_at as usize + slot as usize * l.result_stride as usize + cta * l.cta_block as usize);
+            // SAFETY: an 8-aligned header inside the area, borrowed with it.
+            unsafe { &mut *(base as *mut ResultHead) }
+        }
+
         fn finish(&mut self, slot: u32, cmd: u32) {
             let at = self.at(slot as usize * self.l.finish_stride as usize);
             // SAFETY: a 4-aligned word inside the finish words.
@@ -282,6 +291,29 @@ mod tests {
         assert_eq!(a.read(&r).unwrap(), vec![(0.25, 3, 30), (0.5, 7, 70), (1.5, 9, 90)]);
         // a CTA that sat the query out is not read
         assert_eq!(a.read(&Route { ctas: 1, ..r }).unwrap(), vec![(0.5, 7, 70), (1.5, 9, 90), (2.5, 11, 110)]);
+    }
+
+    #[test]
+    fn the_kernels_clock_spans_the_ctas() {
+        let mut a = Area::new();
+        let r = Route { slot: 0, cmd: 0x61, ctas: 2, k: 2, max_expand: 100 };
+        a.cta(0, 0, r.cmd, 5, &[(1.0, 1, 10)]);
+        a.cta(0, 1, r.cmd, 5, &[(2.0, 2, 20)]);
+        // CTA 0 took the query first (its dispatch counts), CTA 1 wrote
+        // its hits last (the span ends there); the longest fence counts
+        for (cta, picked, search_ns, dispatch_ns, copy_ns, fence_ns) in
+            [(0, 1_000_000, 30_000, 2_200, 1_300, 2_400), (1, 1_000_300, 40_000, 2_500, 1_400, 900)]
+        {
+            let h = a.head(0, cta);
+            (h.picked, h.search_ns, h.dispatch_ns, h.copy_ns, h.fence_ns) =
+                (picked, search_ns, dispatch_ns, copy_ns, fence_ns);
+        }
+        a.finish(0, r.cmd);
+        let results = (a.words.as_ptr() as *const u8).wrapping_add(a.l.results_at as usize);
+        // SAFETY: the result blocks of the area, finished for `r`.
+        let t = unsafe { read(results, &a.l, &r) }.unwrap().times;
+        assert_eq!((t.picked_at, t.searched_at, t.span_ns), (1_000_000, 1_040_300, 40_300));
+        assert_eq!((t.dispatch_ns, t.copy_ns, t.fence_ns), (2_200, 1_300, 2_400));
     }
 
     #[test]

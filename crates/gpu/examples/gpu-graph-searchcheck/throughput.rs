@@ -68,12 +68,13 @@ struct Tally {
     first_error: Option<String>,
 }
 
-fn percentile_us(v: &mut [u64], p: f64) -> f64 {
+/// Of ns values (the host clock's parts may be negative), in us.
+fn percentile_us<T: Ord + Copy + Into<i128>>(v: &mut [T], p: f64) -> f64 {
     if v.is_empty() {
         return 0.0;
     }
     v.sort_unstable();
-    v[((v.len() as f64 - 1.0) * p).round() as usize] as f64 / 1e3
+    v[((v.len() as f64 - 1.0) * p).round() as usize].into() as f64 / 1e3
 }
 
 pub struct Runs<'a> {
@@ -176,11 +177,7 @@ impl Runs<'_> {
         let mut span: Vec<u64> = a.gpu.iter().map(|g| g.0).collect();
         let mut start: Vec<u64> = a.gpu.iter().map(|g| g.1).collect();
         let steps = a.gpu.iter().map(|g| g.2).sum::<u64>() as f64 / answered.max(1) as f64;
-        let parts = std::array::from_fn(|i| {
-            let mut v: Vec<i64> = a.parts.iter().map(|p| p[i]).collect();
-            v.sort_unstable();
-            v.get(v.len() / 2).copied().unwrap_or(0) as f64 / 1e3
-        });
+        let parts = std::array::from_fn(|i| percentile_us(&mut a.parts.iter().map(|p| p[i]).collect::<Vec<_>>(), 0.5));
         Run {
             parts,
             kernel_us: percentile_us(&mut span, 0.5),

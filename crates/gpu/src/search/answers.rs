@@ -232,10 +232,15 @@ mod tests {
 
         /// CTA `cta` of `slot` answering `cmd` with (distance, node, row)
         /// nearest first.
+        /// Where CTA `cta` of `slot` writes its answer.
+        fn block(&mut self, slot: u32, cta: usize) -> *mut u8 {
+            let l = self.l;
+            self.at(l.results_at as usize + slot as usize * l.result_stride as usize + cta * l.cta_block as usize)
+        }
+
         fn cta(&mut self, slot: u32, cta: usize, cmd: u32, expanded: u32, hits: &[(f32, u32, u64)]) {
-            let (l, k_max) = (self.l, self.l.k_max as usize);
-            let base =
-                self.at(l.results_at as usize + slot as usize * l.result_stride as usize + cta * l.cta_block as usize);
+            let k_max = self.l.k_max as usize;
+            let base = self.block(slot, cta);
             let head = ResultHead { cmd, count: hits.len() as u32, expanded, computed: 10, ..Default::default() };
             // SAFETY: the block lies inside the area, as `read` reads it.
             unsafe {
@@ -251,9 +256,7 @@ mod tests {
 
         /// The header CTA `cta` of `slot` wrote (after `cta`).
         fn head(&mut self, slot: u32, cta: usize) -> &mut ResultHead {
-            let l = self.l;
-            let base =
-                self.at(l.results_at as usize + slot as usize * l.result_stride as usize + cta * l.cta_block as usize);
+            let base = self.block(slot, cta);
             // SAFETY: an 8-aligned header inside the area, borrowed with it.
             unsafe { &mut *(base as *mut ResultHead) }
         }

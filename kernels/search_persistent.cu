@@ -1382,6 +1382,90 @@ __device__ void apply_staged_patch(const SearchParams& P, u32 lane) {
     __syncwarp();
 }
 
+// The requests of entries [j, n) of a poll (lane x holds entry x in `e`)
+// that are requests in a row and fit COPY_ROUND rounds of 32 chunks
+// together, copied in one PCIe round trip: round u copies chunks
+// 32 (u - first round of its entry) + lane of one entry. Each entry's
+// own lane then stamps its device copy and releases its slot word (one
+// MEMBAR for all of them), the word taken from the loaded registers, not
+// read back from L2. Returns the entry after the last one copied; j when
+// entry j alone needs more rounds (the caller copies it alone). The
+// serial copy, a round trip and a fence an entry, queued requests ~32 us
+// behind it at 470k queries/s (H200, docs/benchmarks.md).
+__device__ __forceinline__ u32 copy_requests(const SearchParams& P, u64 e, u32 j, u32 n, u64 seen, u32 lane) {
+    const u32 slot = (u32)(e >> GG_RING_SLOT_SHIFT) & GG_RING_LEN_MASK;
+    const u32 chunks = (u32)e & GG_RING_LEN_MASK;
+    const bool req = lane >= j && lane < n && slot != GG_RING_QUIT && slot != GG_RING_PATCH;
+    // the run: requests from j on, up to the first entry that is not one
+    const u32 not_req = __ballot_sync(FULL_MASK, lane >= j && !req);
+    const u32 stop = not_req == 0 ? 32u : __ffs(not_req) - 1u;
+    // (a request has its header at least: one round)
+    const u32 rounds = req && lane < stop ? (chunks + 31u) / 32u + (chunks == 0) : 0u;
+    // inclusive prefix sum of the rounds over the lanes
+    u32 incl = rounds;
+#pragma unroll
+    for (u32 d = 1; d < 32; d <<= 1) {
+        const u32 o = __shfl_up_sync(FULL_MASK, incl, d);
+        if (lane >= d) incl += o;
+    }
+    const bool in_run = rounds > 0 && incl <= COPY_ROUND;
+    const u32 run = __ballot_sync(FULL_MASK, in_run);
+    if (run == 0) return j;
+    // entries j .. end - 1 (in_run holds for a prefix of them)
+    const u32 end = 32u - __clz(run);
+    const u32 excl = incl - rounds;
+    u32 r[COPY_ROUND][4];
+    u32 slot_u[COPY_ROUND], chunk_u[COPY_ROUND];
+    bool ok_u[COPY_ROUND];
+#pragma unroll
+    for (u32 u = 0; u < COPY_ROUND; u++) {
+        // the entry round u copies: the first whose rounds end after u
+        const u32 x = __ffs(__ballot_sync(FULL_MASK, in_run && incl > u) | 0x80000000u) - 1u;
+        const u32 xs = __shfl_sync(FULL_MASK, slot, x & 31u);
+        const u32 xc = __shfl_sync(FULL_MASK, chunks, x & 31u);
+        const u32 xe = __shfl_sync(FULL_MASK, excl, x & 31u);
+        const bool xin = (run >> x) & 1u;
+        chunk_u[u] = (u - xe) * 32u + lane;
+        slot_u[u] = xs;
+        ok_u[u] = xin && chunk_u[u] < xc;
+        if (ok_u[u]) {
+            const unsigned char* src = (const unsigned char*)P.staging + (u64)xs * P.req_stride + (u64)chunk_u[u] * 16u;
+            ld_volatile_v4(src, r[u][0], r[u][1], r[u][2], r[u][3]);
+        } else {
+            r[u][0] = r[u][1] = r[u][2] = r[u][3] = 0;
+        }
+    }
+#pragma unroll
+    for (u32 u = 0; u < COPY_ROUND; u++) {
+        if (ok_u[u]) {
+            unsigned char* dst = (unsigned char*)P.reqs + (u64)slot_u[u] * P.req_stride + (u64)chunk_u[u] * 16u;
+            st_v4(dst, r[u][0], r[u][1], r[u][2], r[u][3]);
+        }
+    }
+    const u64 copied = globaltimer();
+    // each entry's slot word: word 0 of its chunk 0, which lane 0 loaded
+    // in the entry's first round
+    u32 c = 0;
+#pragma unroll
+    for (u32 u = 0; u < COPY_ROUND; u++) {
+        const u32 w = __shfl_sync(FULL_MASK, r[u][0], 0);
+        if (in_run && excl == u) c = w;
+    }
+    // the stamps after the copy of the header's chunk (another lane's)
+    __syncwarp();
+    if (in_run) {
+        RequestHead* h = (RequestHead*)((unsigned char*)P.reqs + (u64)slot * P.req_stride);
+        h->seen = (u32)seen;
+        h->copy_ns = (u32)(copied - seen);
+    }
+    // every lane's copy before the words: the release of each is
+    // cumulative over the warp's stores ordered by the __syncwarp
+    __syncwarp();
+    if (in_run) st_release_gpu((u32*)P.cmd + slot, c);
+    __syncwarp();
+    return end;
+}
+
 __device__ void dispatch(const SearchParams& P, u32 lane) {
     const u64* ring = (const u64*)P.doorbell;
     const u32 mask = (1u << P.ring_log2) - 1u;
@@ -1405,6 +1489,15 @@ __device__ void dispatch(const SearchParams& P, u32 lane) {
         // when this poll saw the entries (the breakdown's dispatch time)
         const u64 seen = globaltimer();
         for (u32 j = 0; j < n; j++) {
+#ifndef GG_SERIAL_DISPATCH
+            // requests in a row: copied together (-DGG_SERIAL_DISPATCH:
+            // one after the other, the A/B)
+            const u32 next = copy_requests(P, e, j, n, seen, lane);
+            if (next > j) {
+                j = next - 1u;
+                continue;
+            }
+#endif
             const u64 ej = __shfl_sync(FULL_MASK, e, j);
             const u32 slot = (u32)(ej >> GG_RING_SLOT_SHIFT) & GG_RING_LEN_MASK;
             if (slot == GG_RING_QUIT) {

@@ -1298,8 +1298,9 @@ __device__ __forceinline__ u32 search_one(const IndexDesc& ix, const Smem& S, u6
 // writes a query's request into its slot's staging bytes in mapped host
 // memory and posts an entry on the ring there -- no driver call. The
 // dispatcher reads the next 32 entries in one round trip over PCIe, copies
-// each posted request into its slot's device buffer (each lane's loads all
-// issued before its stores) and writes the slot word, which the slot's
+// the posted requests into their slots' device buffers (each lane's loads
+// all issued before its stores; a run of requests in one round trip:
+// copy_requests) and writes the slot words, which the slot's
 // CTAs poll in device memory as before. This replaces a copy and a stream
 // write a query: the copy engine's start-up and the driver calls on the
 // host's thread. (An earlier try had the CTAs read the request's fields

@@ -69,6 +69,10 @@ impl BackendHistogram {
         self.shards[shard % SHARDS].record(us);
     }
 
+    pub fn reset(&self) {
+        self.shards.iter().for_each(Histogram::reset);
+    }
+
     pub fn sum_count(&self) -> (u64, u64) {
         self.shards.iter().map(Histogram::sum_count).fold((0, 0), |(s, n), (a, b)| (s + a, n + b))
     }
@@ -93,6 +97,14 @@ impl Histogram {
         let us = us.max(0) as u64;
         self.counts[bucket(us)].fetch_add(1, Ordering::Relaxed);
         self.sum.fetch_add(us, Ordering::Relaxed);
+    }
+
+    /// Empty again. Not atomic as a whole: a value recorded meanwhile may
+    /// keep its count and lose its sum, or the reverse (as
+    /// pg_stat_reset's counters, an approximation while traffic runs).
+    pub fn reset(&self) {
+        self.counts.iter().for_each(|c| c.store(0, Ordering::Relaxed));
+        self.sum.store(0, Ordering::Relaxed);
     }
 
     /// The exact sum of what was recorded and how many, for the mean.
@@ -192,6 +204,25 @@ impl Latencies {
         }
     }
 
+    /// Every step's histogram empty again (gpu_graph_worker_latency_reset).
+    pub fn reset(&self) {
+        let own = [
+            &self.queue,
+            &self.search,
+            &self.kernel,
+            &self.kernel_start,
+            &self.kernel_steps,
+            &self.kernel_dispatch,
+            &self.transport,
+        ];
+        for h in own {
+            h.reset();
+        }
+        for h in [&self.wake, &self.verify, &self.roundtrip] {
+            h.reset();
+        }
+    }
+
     /// The kernel's clock of one search (`kernel`, `kernel_start`,
     /// `kernel_steps`, `kernel_dispatch`), whoever read its answer: the worker or the scan;
     /// its span in µs.
@@ -257,6 +288,29 @@ mod tests {
         assert_eq!(sharded.percentiles(), one.percentiles());
         assert_eq!(sharded.sum_count(), one.sum_count());
         assert_eq!(sharded.sum_count().1, 1000);
+    }
+
+    #[test]
+    fn a_reset_empties_every_step() {
+        let l = Latencies::new();
+        for i in 0..100i64 {
+            l.queue.record(i);
+            l.transport.record(i);
+            l.roundtrip.record_in(i as usize, i);
+        }
+        l.record_kernel(&KernelTimes { span_ns: 40_000, steps: 12, ..KernelTimes::default() });
+        assert_eq!(l.roundtrip.sum_count(), (4950, 100));
+        l.reset();
+        let all = [&l.queue, &l.search, &l.kernel, &l.kernel_start, &l.kernel_steps, &l.kernel_dispatch, &l.transport];
+        for h in all {
+            assert_eq!((h.sum_count(), h.percentiles()), ((0, 0), None));
+        }
+        for h in [&l.wake, &l.verify, &l.roundtrip] {
+            assert_eq!((h.sum_count(), h.percentiles()), ((0, 0), None));
+        }
+        // and counts again from nothing
+        l.roundtrip.record(7);
+        assert_eq!(l.roundtrip.sum_count(), (7, 1));
     }
 
     #[test]

@@ -449,6 +449,19 @@ fn ring(s: &Shared) -> Ring {
     }
 }
 
+/// Starts the latency breakdown over: a measurement's percentiles without
+/// the traffic before it (the counters go on, to be taken as differences).
+#[pg_extern(sql = "
+CREATE FUNCTION gpu_graph_worker_latency_reset() RETURNS void
+    AS 'MODULE_PATHNAME', 'gpu_graph_worker_latency_reset_wrapper' LANGUAGE C VOLATILE PARALLEL UNSAFE;
+REVOKE ALL ON FUNCTION gpu_graph_worker_latency_reset() FROM PUBLIC;
+COMMENT ON FUNCTION gpu_graph_worker_latency_reset() IS
+    'gpu_graph search worker: empties the latency_us histograms of gpu_graph_worker_stats() (and the requests'' mean_*_us); counters go on';
+")]
+fn gpu_graph_worker_latency_reset() {
+    counters().latency.reset();
+}
+
 #[pg_extern(sql = "
 CREATE FUNCTION gpu_graph_worker_stats() RETURNS jsonb
     AS 'MODULE_PATHNAME', 'gpu_graph_worker_stats_wrapper' LANGUAGE C VOLATILE PARALLEL RESTRICTED;

@@ -162,6 +162,18 @@ assert steps['roundtrip'][0] == steps['wake'][0] == steps['verify'][0], steps
 for name in ('queue', 'search', 'wake'):
     assert steps[name][1] <= steps['roundtrip'][3] * 1.1, (name, steps)
 PY
+# the breakdown starts over: empty after the reset, then exactly the scans
+# the worker served since (the counters go on)
+q -c "SELECT gpu_graph_worker_latency_reset()" >/dev/null
+[ "$(q -c "SELECT count(*) FROM jsonb_each(gpu_graph_worker_stats() -> 'latency_us') WHERE jsonb_typeof(value) <> 'null'")" = 0 ] ||
+  fail "the latency breakdown is not empty after gpu_graph_worker_latency_reset()"
+[ "$(stat scans,worker)" -ge "$((before + served))" ] || fail "the reset cleared the scans' counter"
+before=$(stat scans,worker)
+[ "$(check)" = t ] || fail "wrong answer after the latency reset"
+served=$(($(stat scans,worker) - before))
+[ "$served" -gt 0 ] && [ "$(stat latency_us,roundtrip,count)" = "$served" ] ||
+  fail "after the reset the round trip counted $(stat latency_us,roundtrip,count) scans, the worker served $served"
+echo "  latency reset: empty, then $served round trips for $served served scans"
 before=$(stat scans,cpu_after_worker)
 rows=$(q -c "$GPU SET gpu_graph.ef_search = 20;" \
   -c "SELECT count(*) || '/' || count(DISTINCT id) FROM (SELECT id FROM grid ORDER BY v <-> '{30.3,30.2}' LIMIT 5000) s" | tail -n 1)

@@ -20,6 +20,10 @@ SELECT array_agg(id) AS gpu FROM (SELECT id FROM wgrid ORDER BY v <-> '{20.2,30.
 SET gpu_graph.search_device = cpu;
 SELECT array_agg(id) AS cpu FROM (SELECT id FROM wgrid ORDER BY v <-> '{20.2,30.1}' LIMIT 5) s;
 SELECT s->'scans' AS scans, s->'fallbacks' AS fallbacks FROM gpu_graph_worker_stats() s;
+-- the latency breakdown starts over; the counters go on (no worker: the
+-- backend's own, no scan served, so the breakdown is empty either way)
+SELECT gpu_graph_worker_latency_reset();
+SELECT s->'latency_us'->'roundtrip' AS roundtrip, s->'scans'->'cpu' AS cpu FROM gpu_graph_worker_stats() s;
 RESET gpu_graph.search_device;
 RESET enable_seqscan;
 
@@ -31,6 +35,8 @@ SET ROLE gpu_graph_worker_user;
 SET gpu_graph.inject_fault = on;
 SET gpu_graph.worker_delay = 100;
 SET gpu_graph.search_device = gpu;
+-- the reset is a superuser's unless granted (as pg_stat_reset)
+SELECT gpu_graph_worker_latency_reset();
 RESET ROLE;
 DROP ROLE gpu_graph_worker_user;
 DROP TABLE wgrid;

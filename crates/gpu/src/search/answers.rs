@@ -230,14 +230,14 @@ mod tests {
             unsafe { (self.words.as_mut_ptr() as *mut u8).add(byte) }
         }
 
-        /// CTA `cta` of `slot` answering `cmd` with (distance, node, row)
-        /// nearest first.
         /// Where CTA `cta` of `slot` writes its answer.
         fn block(&mut self, slot: u32, cta: usize) -> *mut u8 {
             let l = self.l;
             self.at(l.results_at as usize + slot as usize * l.result_stride as usize + cta * l.cta_block as usize)
         }
 
+        /// CTA `cta` of `slot` answering `cmd` with (distance, node, row)
+        /// nearest first.
         fn cta(&mut self, slot: u32, cta: usize, cmd: u32, expanded: u32, hits: &[(f32, u32, u64)]) {
             let k_max = self.l.k_max as usize;
             let base = self.block(slot, cta);

@@ -27,5 +27,13 @@ pub fn nap(timeout: Duration) {
     sleep(timeout);
     // SAFETY: MyLatch is this process's own latch, set up at its start.
     unsafe { pg_sys::ResetLatch(pg_sys::MyLatch) };
+    check_interrupts();
+}
+
+/// CHECK_FOR_INTERRUPTS, after the signals a [`crate::threads::NvrtcShield`]
+/// held back are served: a cancel, statement_timeout or terminate raises
+/// its ERROR (or FATAL) from here.
+pub fn check_interrupts() {
+    crate::threads::serve_shielded();
     pg_sys::check_for_interrupts!();
 }

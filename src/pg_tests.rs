@@ -61,4 +61,57 @@ mod tests {
                 .unwrap();
         assert_ne!(after, 77);
     }
+
+    /// What NVRTC's front end does at the start of a compile on a thread of
+    /// its own (measured on NVRTC 13.0): its own handler on SIGINT,
+    /// process-wide, then the old one back; a SIGINT reaches the process
+    /// meanwhile (a cancel, or statement_timeout's). Whether the fake
+    /// handler ran.
+    fn signal_during_a_compile() -> bool {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        static RAN: AtomicBool = AtomicBool::new(false);
+        extern "C" fn fake(_: libc::c_int) {
+            RAN.store(true, Ordering::SeqCst);
+        }
+        RAN.store(false, Ordering::SeqCst);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                crate::threads::block_signals();
+                // SAFETY: swaps SIGINT's action and puts it back, as NVRTC
+                // does; the signal goes to this process.
+                unsafe {
+                    let mut fake_action: libc::sigaction = std::mem::zeroed();
+                    fake_action.sa_sigaction = fake as extern "C" fn(libc::c_int) as libc::sighandler_t;
+                    let mut old: libc::sigaction = std::mem::zeroed();
+                    libc::sigaction(libc::SIGINT, &fake_action, &mut old);
+                    libc::kill(libc::getpid(), libc::SIGINT);
+                    // (a thread that does not block it takes it meanwhile)
+                    std::thread::sleep(std::time::Duration::from_millis(50));
+                    libc::sigaction(libc::SIGINT, &old, std::ptr::null_mut());
+                }
+            });
+        });
+        RAN.load(Ordering::SeqCst)
+    }
+
+    /// A cancel during a GPU thread's compile: under the shield it is held
+    /// back, never delivered to NVRTC's handler, and served to
+    /// PostgreSQL's at the next check (the cancelled GPU build's SIGSEGV).
+    #[pg_test(error = "canceling statement due to user request")]
+    fn a_cancel_during_a_compile_reaches_postgresql_under_the_shield() {
+        let shield = crate::threads::NvrtcShield::new();
+        assert!(!signal_during_a_compile(), "the compile's handler took the cancel under the shield");
+        crate::latch::check_interrupts();
+        drop(shield);
+        panic!("the cancel was lost");
+    }
+
+    /// The same with no shield: the main thread takes the signal while the
+    /// compile's handler is in place (NVRTC's ends the process; this one
+    /// only notes it), and PostgreSQL never sees the cancel.
+    #[pg_test]
+    fn without_the_shield_a_compile_takes_the_cancel() {
+        assert!(signal_during_a_compile(), "the main thread did not take the signal");
+        crate::latch::check_interrupts();
+    }
 }

@@ -342,7 +342,7 @@ impl Batch<'_> {
     fn answer<G: GraphView>(&mut self, g: &G, first: usize, queries: &[&[f32]], firsts: Vec<First>, on_copy: bool) {
         let store = self.store;
         for (j, mut f) in firsts.into_iter().enumerate() {
-            pg_sys::check_for_interrupts!();
+            crate::latch::check_interrupts();
             let prepared = on_copy.then(|| self.metric.prepare_query(queries[j]));
             let (mut last, mut rounds, mut rank) = (f32::NEG_INFINITY, 1, 0);
             let mut hits = std::mem::take(&mut f.hits);

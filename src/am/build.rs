@@ -207,7 +207,7 @@ fn vector_pages<'a>(
 /// raises its ERROR here.
 fn nodes_written(done: u32) {
     report(pg_sys::PROGRESS_CREATEIDX_TUPLES_DONE, done as i64);
-    pg_sys::check_for_interrupts!();
+    crate::latch::check_interrupts();
 }
 
 /// The heap scan's outcome, for a paged build.
@@ -277,7 +277,7 @@ unsafe fn build_paged(
     let mut merged = |first: usize, part: &[u32]| {
         let t = Instant::now();
         writer::write_lists(&mut out, &layout, first, n, part, &mut |_| {
-            pg_sys::check_for_interrupts!();
+            crate::latch::check_interrupts();
         });
         graph_ms += ms(t);
     };

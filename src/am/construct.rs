@@ -89,7 +89,7 @@ impl Watch {
     /// the progress view, and any interrupt served (a cancel raises here).
     pub(super) fn waiting(&self) {
         report_rounds(self.done.load(Ordering::Relaxed), self.total.load(Ordering::Relaxed));
-        pg_sys::check_for_interrupts!();
+        latch::check_interrupts();
     }
 }
 
@@ -229,7 +229,7 @@ fn on_cpu(vectors: &[f32], stored_dim: usize, params: &BuildParams, order: ScanO
     let graph = rnn_descent::build_in(vectors, stored_dim, params, order, &mut |done: usize, all: usize| {
         // the engine calls back on the calling (backend) thread
         report_rounds(done, all);
-        pg_sys::check_for_interrupts!();
+        latch::check_interrupts();
         true
     })
     .unwrap_or_else(|| error!("gpu_graph: index build cancelled"));
@@ -274,6 +274,8 @@ pub fn construct(
         let budget_mb = BUILD_GPU_MEMORY.get().max(0) as usize;
         // the search worker leaves the GPU to the build while it runs
         let aside = GpuBuild::begin();
+        // NVRTC's signals held back while the GPU threads may compile
+        let shield = crate::threads::NvrtcShield::new();
         let result = std::thread::scope(|s| {
             let gpu = s.spawn(|| {
                 // before CUDA starts its own threads, which inherit the mask
@@ -301,7 +303,7 @@ pub fn construct(
             }
             gpu.join().unwrap_or_else(|_| Err(GpuError::Cuda("the GPU build thread panicked".into())))
         });
-        drop(aside);
+        drop((aside, shield));
         match result {
             Ok(c) => return c,
             // only the guard stops the GPU thread, and it is set on the way
@@ -405,6 +407,8 @@ pub fn construct_paged(b: PagedBuild) -> Constructed {
     if want != BuildDevice::Cpu {
         let watch = Watch::default();
         let aside = GpuBuild::begin();
+        // NVRTC's signals held back while the GPU threads may compile
+        let shield = crate::threads::NvrtcShield::new();
         let (rows_tx, rows_rx) = mpsc::channel::<Job>();
         let rows_rx = std::sync::Mutex::new(rows_rx);
         let (graph_tx, graph_rx) = mpsc::channel();
@@ -461,7 +465,7 @@ pub fn construct_paged(b: PagedBuild) -> Constructed {
                             break;
                         }
                         Err(mpsc::RecvTimeoutError::Timeout) => {
-                            pg_sys::check_for_interrupts!();
+                            latch::check_interrupts();
                         }
                         Err(mpsc::RecvTimeoutError::Disconnected) => break,
                     }
@@ -511,7 +515,7 @@ pub fn construct_paged(b: PagedBuild) -> Constructed {
                 failed: None,
             };
             let mut go_on = || {
-                pg_sys::check_for_interrupts!();
+                latch::check_interrupts();
                 !watch.stop()
             };
             let r = sharded::build_in_shards(
@@ -523,7 +527,7 @@ pub fn construct_paged(b: PagedBuild) -> Constructed {
                 &mut |done: usize, total: usize| {
                     watch.shards.store(total, Ordering::Relaxed);
                     watch.shard.store(done, Ordering::Relaxed);
-                    pg_sys::check_for_interrupts!();
+                    latch::check_interrupts();
                     true
                 },
             );
@@ -532,7 +536,7 @@ pub fn construct_paged(b: PagedBuild) -> Constructed {
             r.ok_or_else(|| gpu.failed.take().unwrap_or(GpuError::Cancelled))
                 .map(|(entry, st)| ((entry, Some(st)), name))
         });
-        drop(aside);
+        drop((aside, shield));
         match outcome {
             Ok(((entry, stats), name)) => built = Some((entry, stats, Device::Gpu { name })),
             Err(GpuError::Cancelled) => unreachable!("the GPU build stopped with no one leaving"),
@@ -545,7 +549,7 @@ pub fn construct_paged(b: PagedBuild) -> Constructed {
             Some(
                 rnn_descent::build_in(rows, sd, params, cpu_order(b.cfs), &mut |done: usize, all: usize| {
                     report_rounds(shard.get() * all + done, total.get() * all);
-                    pg_sys::check_for_interrupts!();
+                    latch::check_interrupts();
                     true
                 })
                 .unwrap_or_else(|| error!("gpu_graph: index build cancelled")),
@@ -557,7 +561,7 @@ pub fn construct_paged(b: PagedBuild) -> Constructed {
             "gpu_graph: building {n} rows read back from the index's pages in {k} shards of at most {cap} rows on the CPU (the vectors exceed maintenance_work_mem)"
         );
         let mut go_on = || {
-            pg_sys::check_for_interrupts!();
+            latch::check_interrupts();
             true
         };
         let (entry, stats) = sharded::build_in_shards(
@@ -569,7 +573,7 @@ pub fn construct_paged(b: PagedBuild) -> Constructed {
             &mut |done: usize, all: usize| {
                 shard.set(done);
                 total.set(all);
-                pg_sys::check_for_interrupts!();
+                latch::check_interrupts();
                 true
             },
         )

@@ -15,7 +15,6 @@ use gpu_graph_engine::graph::Graph;
 use gpu_graph_gpu::collect::GpuCollect;
 use gpu_graph_gpu::filter::GpuFilters;
 use gpu_graph_gpu::{Control, Gpu, GpuError};
-use pgrx::pg_sys;
 use pgrx::prelude::*;
 
 use super::construct::{report_rounds, Constructed, Device, StopOnDrop, Watch};
@@ -53,7 +52,7 @@ pub fn refine(built: &mut Constructed, vectors: &[f32], stored_dim: usize, cfs: 
             cfs::refine_with(vectors, stored_dim, start, cfs, &mut collect, &mut filters, &mut |done, all| {
                 // the engine calls back on the calling (backend) thread
                 report_rounds(done, all);
-                pg_sys::check_for_interrupts!();
+                latch::check_interrupts();
                 true
             });
         (graph.unwrap_or_else(|| error!("gpu_graph: index build cancelled")), collect.ms, filters.ms)
@@ -77,6 +76,8 @@ fn on_the_gpu(
     let watch = Watch::default();
     // the search worker leaves the GPU to the build while it runs
     let aside = GpuBuild::begin();
+    // NVRTC's signals held back while the GPU threads may compile
+    let shield = crate::threads::NvrtcShield::new();
     let result = std::thread::scope(|s| {
         let gpu = s.spawn(|| {
             crate::threads::block_signals();
@@ -102,7 +103,7 @@ fn on_the_gpu(
         }
         gpu.join().unwrap_or_else(|_| Err(GpuError::Cuda("the CFS refinement thread panicked".into())))
     });
-    drop(aside);
+    drop((aside, shield));
     match result? {
         (Some(graph), collect_ms, filter_ms) => Ok((graph, collect_ms, filter_ms)),
         // only the guard stops the thread, on the way out of the scope

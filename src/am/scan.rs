@@ -227,7 +227,7 @@ pub unsafe extern "C-unwind" fn amgettuple(scan: pg_sys::IndexScanDesc, _dir: pg
             if !admit::another_round(mode, st.rounds) {
                 return false;
             }
-            pg_sys::check_for_interrupts!();
+            crate::latch::check_interrupts();
             if st.search.is_none() {
                 // the worker answered the first round: go on from its nodes
                 worker::cpu_after_worker();

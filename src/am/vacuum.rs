@@ -144,7 +144,7 @@ fn repair_deleted(store: &PageStore, meta: &Meta, deleted: &[u32]) -> (repair::R
             (lists + vectors <= budget).then(|| store.snapshot_of(meta.metric(), adjacency, &wanted)).flatten()
         {
             let r = repair::repair_from(store, &copy, deleted, REPAIR_BATCH, Some(&pool), &mut || {
-                pg_sys::check_for_interrupts!();
+                crate::latch::check_interrupts();
                 // SAFETY: VACUUM's own process, between batches.
                 unsafe { pg_sys::vacuum_delay_point() };
             });

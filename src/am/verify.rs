@@ -101,7 +101,7 @@ unsafe fn check(rel: pg_sys::Relation, meta: &Meta, heap: &PgRelation) -> Proble
     let adjacency = store.adjacency();
     for node in 0..n {
         if node % 1024 == 0 {
-            pg_sys::check_for_interrupts!();
+            crate::latch::check_interrupts();
         }
         let block = layout.graph_block(node);
         let list: Vec<u32> = adjacency[node as usize * degree..(node as usize + 1) * degree]
@@ -188,7 +188,7 @@ unsafe fn check(rel: pg_sys::Relation, meta: &Meta, heap: &PgRelation) -> Proble
     for node in 0..n {
         let Slot::Live(payload) = slots[node as usize] else { continue };
         if node % 1024 == 0 {
-            pg_sys::check_for_interrupts!();
+            crate::latch::check_interrupts();
         }
         let tid = payload_to_tid(payload);
         let block = ((tid.ip_blkid.bi_hi as u32) << 16) | tid.ip_blkid.bi_lo as u32;

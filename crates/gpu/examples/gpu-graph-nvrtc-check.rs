@@ -89,6 +89,78 @@ fn check(
     ok
 }
 
+/// Which signals' actions a compile of `k` changes while it runs on a thread
+/// of its own (every signal blocked there, as the extension's GPU threads
+/// do), polled every 50 us from this thread; true when they are all in
+/// `nvrtc::SIGNALS_TAKEN`, which the extension holds back meanwhile.
+fn check_signals(k: &KernelSource, headers: &[KernelSource], target: &Target, extra: &[String]) -> bool {
+    extern "C" fn noted(_: libc::c_int) {}
+    // the asynchronous signals (a fault's stay as they are)
+    let sigs: Vec<libc::c_int> = (1..32)
+        .filter(|s| {
+            ![libc::SIGKILL, libc::SIGSTOP, libc::SIGSEGV, libc::SIGBUS, libc::SIGFPE, libc::SIGILL, libc::SIGTRAP]
+                .contains(s)
+        })
+        .collect();
+    let handler = noted as extern "C" fn(libc::c_int) as libc::sighandler_t;
+    // SAFETY: this program's own actions, put back below.
+    let old: Vec<libc::sigaction> = sigs
+        .iter()
+        .map(|&s| unsafe {
+            let mut a: libc::sigaction = std::mem::zeroed();
+            a.sa_sigaction = handler;
+            let mut o: libc::sigaction = std::mem::zeroed();
+            libc::sigaction(s, &a, &mut o);
+            o
+        })
+        .collect();
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let mut taken = std::collections::BTreeSet::new();
+    let compiled = std::thread::scope(|sc| {
+        let t = sc.spawn(|| {
+            // SAFETY: blocks every signal in this thread only.
+            unsafe {
+                let mut all: libc::sigset_t = std::mem::zeroed();
+                libc::sigfillset(&mut all);
+                libc::pthread_sigmask(libc::SIG_BLOCK, &all, std::ptr::null_mut());
+            }
+            let r = nvrtc::compile_with(k, headers, target, extra);
+            done.store(true, std::sync::atomic::Ordering::SeqCst);
+            r
+        });
+        while !done.load(std::sync::atomic::Ordering::SeqCst) {
+            for &s in &sigs {
+                // SAFETY: reads an action.
+                let now = unsafe {
+                    let mut a: libc::sigaction = std::mem::zeroed();
+                    libc::sigaction(s, std::ptr::null(), &mut a);
+                    a.sa_sigaction
+                };
+                if now != handler {
+                    taken.insert(s);
+                }
+            }
+            std::thread::sleep(std::time::Duration::from_micros(50));
+        }
+        t.join().expect("the compile's thread")
+    });
+    for (&s, o) in sigs.iter().zip(&old) {
+        // SAFETY: puts this program's action back.
+        unsafe { libc::sigaction(s, o, std::ptr::null_mut()) };
+    }
+    let outside: Vec<_> = taken.iter().filter(|s| !nvrtc::SIGNALS_TAKEN.contains(s)).collect();
+    let ok = compiled.is_ok() && outside.is_empty();
+    println!(
+        "{} signals a compile of {} takes over: {:?} (held back by the extension: {:?}){}",
+        if ok { "ok   " } else { "FAIL " },
+        k.name,
+        taken,
+        nvrtc::SIGNALS_TAKEN,
+        compiled.err().map(|e| format!("; the compile failed: {e}")).unwrap_or_default()
+    );
+    ok
+}
+
 fn main() {
     let o = Opts::parse();
     let targets: Vec<Target> = o.arch.iter().map(|a| parse_target(a)).collect();
@@ -113,7 +185,12 @@ fn main() {
             std::process::exit(1);
         }
     }
-    let failed = sources.iter().filter(|k| !check(k, &headers, &targets, &extra, o.dump_dir.as_deref())).count();
+    // first: NVRTC takes the signals over at its first compile in a process
+    let signals_ok = check_signals(&sources[0], &headers, &targets[0], &extra);
+    let mut failed = sources.iter().filter(|k| !check(k, &headers, &targets, &extra, o.dump_dir.as_deref())).count();
+    if !signals_ok {
+        failed += 1;
+    }
     if failed > 0 {
         eprintln!("{failed} kernel file(s) failed (warnings count as errors)");
         std::process::exit(1);

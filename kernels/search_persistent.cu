@@ -602,13 +602,6 @@ __device__ __forceinline__ u32 merge_unsorted(const float* ad, const u32* ai, u3
             kj = ij & ID_MASK;
         }
         u32 rn = 0, ro = 0, lo = 0;
-        // unrolled: four iterations' shared loads in flight at once, where
-        // the rolled loop waited on each (-DGG_MERGE_ROLLED: the A/B)
-#ifdef GG_MERGE_ROLLED
-#pragma unroll 1
-#else
-#pragma unroll 4
-#endif
         for (u32 x = 0; x < c; x++) {
             const float dx = cd[x];
             const u32 kx = ci[x] & ID_MASK;
@@ -1162,46 +1155,19 @@ __device__ __forceinline__ u32 search_one(const IndexDesc& ix, const Smem& S, u6
         // claims; the list's entries then claimed, their distances known
         const u32 total = p.scan < ix.n ? p.scan : ix.n;
         const u32 mine = t < total ? (total - t + ctas - 1) / ctas : 0;
-        // A CTA alone claims every node it scans, its atomics in flight
-        // beside the rows' loads, where claiming the list after the scan
-        // took a round trip of its own. A scanned node left out of the list
-        // is farther than its last entry, which only comes nearer: it never
-        // enters, claimed or not. With several CTAs only the list is
-        // claimed, the rest left to the others (-DGG_LATE_SCAN_CLAIMS: the
-        // list's claims after the scan always, the A/B).
-#ifdef GG_LATE_SCAN_CLAIMS
-        const bool early = false;
-#else
-        const bool early = ctas == 1 && mine <= 64;
-#endif
-        u32 sid[2] = {NO_NODE, NO_NODE}, sh[2] = {0, 0};
-        u64 sgot[2] = {0, 0};
         for (u32 b = 0; b < mine; b += CAND_CAP) {
             m = mine - b < CAND_CAP ? mine - b : CAND_CAP;
             for (u32 e = lane; e < m; e += 32) ci[e] = spread_node(t + (b + e) * ctas, ix.n, total);
-            if (early) {
-#pragma unroll
-                for (u32 u = 0; u < 2; u++) {
-                    const u32 e = u * 32 + lane;
-                    sid[u] = e < m ? spread_node(t + (b + e) * ctas, ix.n, total) : NO_NODE;
-                    sgot[u] = claim_home(table, vmask, gen, ix.n, sid[u], sh[u]);
-                }
-            }
             __syncwarp();
             absorb<true>(ix, S.q, ci, cd, m, L, cap, ph, lane);
         }
         computed += mine;
         tc = cycles();
-        if (early) {
-#pragma unroll
-            for (u32 u = 0; u < 2; u++) claimed(table, vmask, gen, ix.n, sid[u], sh[u], sgot[u]);
-        } else {
-            for (u32 j = lane; j < L.cnt; j += 32) {
-                u32 h;
-                const u32 id = L.ai[j];
-                const u64 got = claim_home(table, vmask, gen, ix.n, id, h);
-                claimed(table, vmask, gen, ix.n, id, h, got);
-            }
+        for (u32 j = lane; j < L.cnt; j += 32) {
+            u32 h;
+            const u32 id = L.ai[j];
+            const u64 got = claim_home(table, vmask, gen, ix.n, id, h);
+            claimed(table, vmask, gen, ix.n, id, h, got);
         }
         __syncwarp();
         ph.claim += cycles() - tc;

@@ -119,18 +119,12 @@ pub fn simulate(ix: &FlatIndex, query: &[f32], k: usize, plan: &QueryPlan) -> (V
     let scan = (plan.scan.min(MAX_SCAN) as usize).min(n);
     if scan > 0 {
         // start: each CTA's list the nearest of its share of the scan,
-        // claimed (their distances already known); a CTA alone claims all
-        // it scanned
+        // claimed (their distances already known)
         for (t, cta) in ctas.iter_mut().enumerate() {
             let mut mine: Vec<(f32, u32)> =
                 (t..scan).step_by(t_n).map(|j| spread_node(j, n, scan)).map(|v| (dist(ix, query, v), v)).collect();
             st.scanned += mine.len() as u64;
             mine.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
-            // a CTA alone claims every node it scans (the kernel's early
-            // claims: the ones left out never enter the list anyway)
-            if t_n == 1 && mine.len() <= 64 {
-                visited.extend(mine.iter().map(|&(_, v)| v));
-            }
             mine.truncate(cap);
             for (d, v) in mine {
                 visited.insert(v);

@@ -15,6 +15,7 @@ use std::path::{Path, PathBuf};
 use clap::Parser;
 use gpu_graph_gpu::abi;
 use gpu_graph_gpu::nvrtc::{self, KernelSource, Target};
+use gpu_graph_gpu::nvrtc_signals;
 
 #[derive(Parser)]
 #[command(about = "Compile the CUDA kernels and the ABI check with NVRTC")]
@@ -34,6 +35,9 @@ struct Opts {
     dump_dir: Option<PathBuf>,
     /// Kernel files to check instead of the embedded ones.
     files: Vec<PathBuf>,
+    /// (internal) a child of the signal check: `shielded` or `bare`.
+    #[arg(long, hide = true)]
+    signal_child: Option<String>,
 }
 
 fn parse_target(s: &str) -> Target {
@@ -92,7 +96,7 @@ fn check(
 /// Which signals' actions a compile of `k` changes while it runs on a thread
 /// of its own (every signal blocked there, as the extension's GPU threads
 /// do), polled every 50 us from this thread; true when they are all in
-/// `nvrtc::SIGNALS_TAKEN`, which the extension holds back meanwhile.
+/// `nvrtc_signals::SIGNALS_TAKEN`, which the extension holds back meanwhile.
 fn check_signals(k: &KernelSource, headers: &[KernelSource], target: &Target, extra: &[String]) -> bool {
     extern "C" fn noted(_: libc::c_int) {}
     // the asynchronous signals (a fault's stay as they are)
@@ -148,15 +152,99 @@ fn check_signals(k: &KernelSource, headers: &[KernelSource], target: &Target, ex
         // SAFETY: puts this program's action back.
         unsafe { libc::sigaction(s, o, std::ptr::null_mut()) };
     }
-    let outside: Vec<_> = taken.iter().filter(|s| !nvrtc::SIGNALS_TAKEN.contains(s)).collect();
+    let outside: Vec<_> = taken.iter().filter(|s| !nvrtc_signals::SIGNALS_TAKEN.contains(s)).collect();
     let ok = compiled.is_ok() && outside.is_empty();
     println!(
         "{} signals a compile of {} takes over: {:?} (held back by the extension: {:?}){}",
         if ok { "ok   " } else { "FAIL " },
         k.name,
         taken,
-        nvrtc::SIGNALS_TAKEN,
+        nvrtc_signals::SIGNALS_TAKEN,
         compiled.err().map(|e| format!("; the compile failed: {e}")).unwrap_or_default()
+    );
+    ok
+}
+
+/// A child of [`check_shield`]: the first compile of this process, of `k`,
+/// on a thread blocking every signal, while SIGINT has a handler of this
+/// program's (as a backend's cancel has PostgreSQL's) and, `shielded`, an
+/// NvrtcShield is up; once NVRTC's own handler is seen in place of that one,
+/// SIGINT is sent to the process. Exits 0 when this program's handler ran
+/// once, 3 when NVRTC's handler was never seen (nothing shown), 5 when the
+/// signal was lost; NVRTC's handler itself ends the process with 4.
+fn signal_child(shielded: bool, k: &KernelSource, headers: &[KernelSource], target: &Target, extra: &[String]) -> ! {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    static RAN: AtomicUsize = AtomicUsize::new(0);
+    extern "C" fn mine(_: libc::c_int) {
+        RAN.fetch_add(1, Ordering::SeqCst);
+    }
+    let handler = mine as extern "C" fn(libc::c_int) as libc::sighandler_t;
+    // SAFETY: this program's own action for SIGINT.
+    unsafe {
+        let mut a: libc::sigaction = std::mem::zeroed();
+        a.sa_sigaction = handler;
+        libc::sigaction(libc::SIGINT, &a, std::ptr::null_mut());
+    }
+    let shield = shielded.then(nvrtc_signals::NvrtcShield::new);
+    let (done, mut sent) = (AtomicBool::new(false), false);
+    std::thread::scope(|sc| {
+        sc.spawn(|| {
+            // SAFETY: blocks every signal in this thread only.
+            unsafe {
+                let mut all: libc::sigset_t = std::mem::zeroed();
+                libc::sigfillset(&mut all);
+                libc::pthread_sigmask(libc::SIG_BLOCK, &all, std::ptr::null_mut());
+            }
+            let _ = nvrtc::compile_with(k, headers, target, extra);
+            done.store(true, Ordering::SeqCst);
+        });
+        while !done.load(Ordering::SeqCst) {
+            // SAFETY: reads SIGINT's action; sends SIGINT to this process.
+            unsafe {
+                let mut a: libc::sigaction = std::mem::zeroed();
+                libc::sigaction(libc::SIGINT, std::ptr::null(), &mut a);
+                if a.sa_sigaction != handler && !sent {
+                    libc::kill(libc::getpid(), libc::SIGINT);
+                    sent = true;
+                }
+            }
+            std::thread::sleep(std::time::Duration::from_micros(20));
+        }
+    });
+    nvrtc_signals::serve_shielded();
+    drop(shield);
+    std::process::exit(if !sent {
+        3
+    } else if RAN.load(Ordering::SeqCst) == 1 {
+        0
+    } else {
+        5
+    })
+}
+
+/// A SIGINT (a cancel) in the window of a process's first compile: with
+/// the shield it reaches the program's own handler (exit 0), without it
+/// NVRTC's handler ends the process (exit 4; the GPU machine's SIGSEGV of
+/// cancelled builds). Each in a child process of this program, the first
+/// compile of each; passes when both happen, or when this NVRTC no longer
+/// takes SIGINT (both 3).
+fn check_shield() -> bool {
+    let exe = std::env::current_exe().expect("current exe");
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let status = |mode: &str| {
+        std::process::Command::new(&exe)
+            .args(&args)
+            .arg(format!("--signal-child={mode}"))
+            .stdout(std::process::Stdio::null())
+            .status()
+            .map(|s| s.code().unwrap_or(-1))
+            .unwrap_or(-1)
+    };
+    let (shielded, bare) = (status("shielded"), status("bare"));
+    let ok = (shielded == 0 && bare == 4) || (shielded == 3 && bare == 3);
+    println!(
+        "{} a SIGINT in the window of a first compile: shielded, exit {shielded} (0: served to the program's handler); bare, exit {bare} (4: NVRTC's handler ended the process)",
+        if ok { "ok   " } else { "FAIL " }
     );
     ok
 }
@@ -185,8 +273,11 @@ fn main() {
             std::process::exit(1);
         }
     }
+    if let Some(mode) = &o.signal_child {
+        signal_child(mode == "shielded", &sources[0], &headers, &targets[0], &extra);
+    }
     // first: NVRTC takes the signals over at its first compile in a process
-    let signals_ok = check_signals(&sources[0], &headers, &targets[0], &extra);
+    let signals_ok = check_signals(&sources[0], &headers, &targets[0], &extra) && check_shield();
     let mut failed = sources.iter().filter(|k| !check(k, &headers, &targets, &extra, o.dump_dir.as_deref())).count();
     if !signals_ok {
         failed += 1;

@@ -16,6 +16,8 @@
 //!   CAGRA) over batches of candidate rows (kernels/filter.cu).
 //! - [`collect::GpuCollect`]: the CFS collect's searches, by the search
 //!   server's batch kernel.
+//! - [`nvrtc_signals`]: the signals NVRTC takes over in a process's first
+//!   compile, and the shield that keeps them from a host's main thread.
 //! - [`search`]: the persistent search kernel (kernels/search_persistent.cu)
 //!   and its host side, for the search worker.
 
@@ -30,6 +32,7 @@ pub mod knn_descent;
 pub mod loader;
 pub mod memory;
 pub mod nvrtc;
+pub mod nvrtc_signals;
 pub mod search;
 mod vectors;
 

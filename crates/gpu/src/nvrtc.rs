@@ -22,16 +22,6 @@ use cudarc::nvrtc::sys;
 use crate::error::GpuError;
 use crate::loader;
 
-/// The signals NVRTC's front end puts handlers of its own on early in the
-/// first compile of a process (sigaction: process-wide), the old ones back
-/// after (NVRTC 13.0, measured: for ~2-40 ms; later compiles left them
-/// alone; with SIGINT ignored it leaves SIGINT alone). One of them arriving meanwhile ends the process
-/// with exit status 4 while the compiling thread still runs. A host whose
-/// threads compile must keep these from every thread meanwhile (the
-/// extension: src/threads.rs); `gpu-graph-nvrtc-check` checks the list
-/// against this NVRTC.
-pub const SIGNALS_TAKEN: [libc::c_int; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGXFSZ];
-
 /// A kernel source file of `kernels/`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct KernelSource {

@@ -11,11 +11,11 @@
 /// The signals NVRTC's front end puts handlers of its own on early in the
 /// first compile of a process (sigaction: process-wide), the old ones back
 /// after (NVRTC 13.0, measured: for ~2-40 ms; later compiles left them
-/// alone; with SIGINT ignored it leaves SIGINT alone). One of them arriving meanwhile ends the process
-/// with exit status 4 while the compiling thread still runs. A host whose
-/// threads compile must keep these from every thread meanwhile
-/// ([`NvrtcShield`]); `gpu-graph-nvrtc-check` checks the list against this
-/// NVRTC.
+/// alone; with SIGINT ignored it leaves SIGINT alone). One of them
+/// arriving meanwhile ends the process with exit status 4 while the
+/// compiling thread still runs. A host whose threads compile must keep
+/// these from every thread meanwhile ([`NvrtcShield`]);
+/// `gpu-graph-nvrtc-check` checks the list against this NVRTC.
 pub const SIGNALS_TAKEN: [libc::c_int; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGXFSZ];
 
 /// What the main thread saved when its first shield went up.
@@ -44,12 +44,13 @@ fn set_of(sigs: impl Iterator<Item = libc::c_int>) -> libc::sigset_t {
     }
 }
 
-/// While it lives, the calling thread (a backend's main thread, before it
-/// starts a thread that may compile kernels, and for as long as that
-/// thread runs) blocks SIGNALS_TAKEN; [`serve_shielded`] then runs the
-/// handler in place before (PostgreSQL's) for each that arrived, and the last shield's drop
-/// serves them once more and restores the mask. Shields nest.
-pub struct NvrtcShield(());
+/// While it lives, the calling thread (a backend's main thread, from before
+/// it starts a thread that may compile kernels until that thread has
+/// ended) blocks SIGNALS_TAKEN; [`serve_shielded`] then runs the handler in
+/// place before (PostgreSQL's) for each that arrived, and the last
+/// shield's drop serves them once more and restores the mask. Shields nest;
+/// a shield stays on its thread (the state is the thread's).
+pub struct NvrtcShield(std::marker::PhantomData<*const ()>);
 
 impl NvrtcShield {
     pub fn new() -> NvrtcShield {
@@ -72,7 +73,7 @@ impl NvrtcShield {
                 *cur = Some(Shielded { depth: 1, actions, mask });
             }
         });
-        NvrtcShield(())
+        NvrtcShield(std::marker::PhantomData)
     }
 }
 
@@ -110,8 +111,8 @@ impl Drop for NvrtcShield {
 /// it is never delivered, so NVRTC's handler never runs for it) and runs
 /// the action in place before for it here, as its handler would have (in a
 /// backend a cancel, statement_timeout or terminate then sets its interrupt
-/// flags and the latch); an ignored one is dropped, one left to the default action stays
-/// pending until the shield's end. No shield: nothing.
+/// flags and the latch); an ignored one is dropped, one left to the
+/// default action stays pending until the shield's end. No shield: nothing.
 pub fn serve_shielded() {
     let actions = SHIELD.with(|cell| cell.borrow().as_ref().map(|s| s.actions));
     let Some(actions) = actions else { return };

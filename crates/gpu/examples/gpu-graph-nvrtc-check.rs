@@ -93,6 +93,39 @@ fn check(
     ok
 }
 
+/// Compiles `k` on a thread of its own that blocks every signal (as the
+/// extension's GPU threads do), calling `poll` on this thread every `every`
+/// until the compile is done.
+fn compile_beside(
+    k: &KernelSource,
+    headers: &[KernelSource],
+    target: &Target,
+    extra: &[String],
+    every: std::time::Duration,
+    mut poll: impl FnMut(),
+) -> Result<nvrtc::Compiled, gpu_graph_gpu::GpuError> {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let done = AtomicBool::new(false);
+    std::thread::scope(|sc| {
+        let t = sc.spawn(|| {
+            // SAFETY: blocks every signal in this thread only.
+            unsafe {
+                let mut all: libc::sigset_t = std::mem::zeroed();
+                libc::sigfillset(&mut all);
+                libc::pthread_sigmask(libc::SIG_BLOCK, &all, std::ptr::null_mut());
+            }
+            let r = nvrtc::compile_with(k, headers, target, extra);
+            done.store(true, Ordering::SeqCst);
+            r
+        });
+        while !done.load(Ordering::SeqCst) {
+            poll();
+            std::thread::sleep(every);
+        }
+        t.join().expect("the compile's thread")
+    })
+}
+
 /// Which signals' actions a compile of `k` changes while it runs on a thread
 /// of its own (every signal blocked there, as the extension's GPU threads
 /// do), polled every 50 us from this thread; true when they are all in
@@ -118,35 +151,19 @@ fn check_signals(k: &KernelSource, headers: &[KernelSource], target: &Target, ex
             o
         })
         .collect();
-    let done = std::sync::atomic::AtomicBool::new(false);
     let mut taken = std::collections::BTreeSet::new();
-    let compiled = std::thread::scope(|sc| {
-        let t = sc.spawn(|| {
-            // SAFETY: blocks every signal in this thread only.
-            unsafe {
-                let mut all: libc::sigset_t = std::mem::zeroed();
-                libc::sigfillset(&mut all);
-                libc::pthread_sigmask(libc::SIG_BLOCK, &all, std::ptr::null_mut());
+    let compiled = compile_beside(k, headers, target, extra, std::time::Duration::from_micros(50), || {
+        for &s in &sigs {
+            // SAFETY: reads an action.
+            let now = unsafe {
+                let mut a: libc::sigaction = std::mem::zeroed();
+                libc::sigaction(s, std::ptr::null(), &mut a);
+                a.sa_sigaction
+            };
+            if now != handler {
+                taken.insert(s);
             }
-            let r = nvrtc::compile_with(k, headers, target, extra);
-            done.store(true, std::sync::atomic::Ordering::SeqCst);
-            r
-        });
-        while !done.load(std::sync::atomic::Ordering::SeqCst) {
-            for &s in &sigs {
-                // SAFETY: reads an action.
-                let now = unsafe {
-                    let mut a: libc::sigaction = std::mem::zeroed();
-                    libc::sigaction(s, std::ptr::null(), &mut a);
-                    a.sa_sigaction
-                };
-                if now != handler {
-                    taken.insert(s);
-                }
-            }
-            std::thread::sleep(std::time::Duration::from_micros(50));
         }
-        t.join().expect("the compile's thread")
     });
     for (&s, o) in sigs.iter().zip(&old) {
         // SAFETY: puts this program's action back.
@@ -173,7 +190,7 @@ fn check_signals(k: &KernelSource, headers: &[KernelSource], target: &Target, ex
 /// once, 3 when NVRTC's handler was never seen (nothing shown), 5 when the
 /// signal was lost; NVRTC's handler itself ends the process with 4.
 fn signal_child(shielded: bool, k: &KernelSource, headers: &[KernelSource], target: &Target, extra: &[String]) -> ! {
-    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::sync::atomic::{AtomicUsize, Ordering};
     static RAN: AtomicUsize = AtomicUsize::new(0);
     extern "C" fn mine(_: libc::c_int) {
         RAN.fetch_add(1, Ordering::SeqCst);
@@ -186,29 +203,16 @@ fn signal_child(shielded: bool, k: &KernelSource, headers: &[KernelSource], targ
         libc::sigaction(libc::SIGINT, &a, std::ptr::null_mut());
     }
     let shield = shielded.then(nvrtc_signals::NvrtcShield::new);
-    let (done, mut sent) = (AtomicBool::new(false), false);
-    std::thread::scope(|sc| {
-        sc.spawn(|| {
-            // SAFETY: blocks every signal in this thread only.
-            unsafe {
-                let mut all: libc::sigset_t = std::mem::zeroed();
-                libc::sigfillset(&mut all);
-                libc::pthread_sigmask(libc::SIG_BLOCK, &all, std::ptr::null_mut());
+    let mut sent = false;
+    let _ = compile_beside(k, headers, target, extra, std::time::Duration::from_micros(20), || {
+        // SAFETY: reads SIGINT's action; sends SIGINT to this process.
+        unsafe {
+            let mut a: libc::sigaction = std::mem::zeroed();
+            libc::sigaction(libc::SIGINT, std::ptr::null(), &mut a);
+            if a.sa_sigaction != handler && !sent {
+                libc::kill(libc::getpid(), libc::SIGINT);
+                sent = true;
             }
-            let _ = nvrtc::compile_with(k, headers, target, extra);
-            done.store(true, Ordering::SeqCst);
-        });
-        while !done.load(Ordering::SeqCst) {
-            // SAFETY: reads SIGINT's action; sends SIGINT to this process.
-            unsafe {
-                let mut a: libc::sigaction = std::mem::zeroed();
-                libc::sigaction(libc::SIGINT, std::ptr::null(), &mut a);
-                if a.sa_sigaction != handler && !sent {
-                    libc::kill(libc::getpid(), libc::SIGINT);
-                    sent = true;
-                }
-            }
-            std::thread::sleep(std::time::Duration::from_micros(20));
         }
     });
     nvrtc_signals::serve_shielded();

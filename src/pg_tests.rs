@@ -106,6 +106,37 @@ mod tests {
         panic!("the cancel was lost");
     }
 
+    /// A cancel that came under the shield while the backend was busy
+    /// elsewhere, then NVRTC's first move in a compile: SIGINT set to
+    /// SIG_IGN for a moment and put back (which discards a pending SIGINT:
+    /// a cancel lost on the GPU machine, the build running to its end). The
+    /// shield's taker has it by then, and the next check raises it.
+    #[pg_test(error = "canceling statement due to user request")]
+    fn a_cancel_held_under_the_shield_outlives_a_moment_of_sig_ign() {
+        let shield = crate::threads::NvrtcShield::new();
+        // SAFETY: sends this process a cancel, as pg_cancel_backend does.
+        unsafe { libc::kill(libc::getpid(), libc::SIGINT) };
+        // the backend busy with something else than its checks
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                crate::threads::block_signals();
+                // SAFETY: SIGINT's action set to SIG_IGN and put back, as
+                // NVRTC's front end does before it installs its handler.
+                unsafe {
+                    let mut ignore: libc::sigaction = std::mem::zeroed();
+                    ignore.sa_sigaction = libc::SIG_IGN;
+                    let mut old: libc::sigaction = std::mem::zeroed();
+                    libc::sigaction(libc::SIGINT, &ignore, &mut old);
+                    libc::sigaction(libc::SIGINT, &old, std::ptr::null_mut());
+                }
+            });
+        });
+        crate::latch::check_interrupts();
+        drop(shield);
+        panic!("the cancel was lost");
+    }
+
     /// The same with no shield: the main thread takes the signal while the
     /// compile's handler is in place (NVRTC's ends the process; this one
     /// only notes it), and PostgreSQL never sees the cancel.

@@ -105,6 +105,11 @@ fn scan_from_env() -> Option<usize> {
 
 impl GpuSearch {
     pub fn open() -> Result<GpuSearch, String> {
+        // NVRTC's first compile sets SIGTERM and SIGINT to SIG_IGN for a
+        // moment, which would discard one held pending by the block below (a
+        // shutdown's SIGTERM lost): the shield's taker keeps them, and its
+        // drop serves them to the worker's handlers
+        let _shield = crate::threads::NvrtcShield::new();
         // the driver's threads start here (context, streams, the persistent
         // kernel's launch): they must not take the worker's signals
         crate::threads::with_signals_blocked(|| {

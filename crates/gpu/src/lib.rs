@@ -18,6 +18,7 @@
 //!   server's batch kernel.
 //! - [`nvrtc_signals`]: the signals NVRTC takes over in a process's first
 //!   compile, and the shield that keeps them from a host's main thread.
+//! - [`thread_signals`]: the signal mask of the threads a host starts.
 //! - [`search`]: the persistent search kernel (kernels/search_persistent.cu)
 //!   and its host side, for the search worker.
 
@@ -34,6 +35,7 @@ pub mod memory;
 pub mod nvrtc;
 pub mod nvrtc_signals;
 pub mod search;
+pub mod thread_signals;
 mod vectors;
 
 pub use device::{DeviceInfo, Gpu};

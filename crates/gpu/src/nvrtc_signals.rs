@@ -7,6 +7,12 @@
 //! take them (a backend's main thread; every thread gpu_graph starts blocks
 //! them already) while compiles may run, and serves them to the handlers
 //! that were in place before, at the host's own checks.
+//!
+//! Before it installs its handler, the front end sets each signal to
+//! SIG_IGN for a moment (the `if (signal(s, SIG_IGN) != SIG_IGN)` idiom),
+//! and setting SIG_IGN discards the signal if it is pending. So a signal
+//! must not wait, pending, for the host's next check: the shield's taker
+//! thread takes each one the moment it arrives and keeps it for the check.
 
 /// The signals NVRTC's front end puts handlers of its own on early in the
 /// first compile of a process (sigaction: process-wide), the old ones back
@@ -26,6 +32,62 @@ struct Shielded {
     actions: [libc::sigaction; 3],
     /// the thread's signal mask before
     mask: libc::sigset_t,
+    taker: Taker,
+}
+
+/// A thread that waits for SIGNALS_TAKEN (sigtimedwait: while it waits, the
+/// kernel hands them to it at once, never to a handler) and notes each in
+/// `taken` for [`serve_shielded`]: no signal stays pending long enough for
+/// NVRTC's SIG_IGN moment to discard it.
+struct Taker {
+    state: std::sync::Arc<TakerState>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+#[derive(Default)]
+struct TakerState {
+    stop: std::sync::atomic::AtomicBool,
+    /// bit i: SIGNALS_TAKEN[i] arrived and is not yet served
+    taken: std::sync::atomic::AtomicU32,
+}
+
+impl Taker {
+    /// Waits for the signals of `set` until stopped.
+    fn start(set: libc::sigset_t) -> Taker {
+        use std::sync::atomic::Ordering;
+        let state = std::sync::Arc::new(TakerState::default());
+        let theirs = state.clone();
+        // started with every signal blocked, so that no handler of the host
+        // ever runs on it, not even before its first instruction
+        let thread = crate::thread_signals::with_signals_blocked(|| {
+            std::thread::Builder::new().name("gg-signals".into()).spawn(move || {
+                // a bounded wait: the stop flag is seen within it
+                let wait = libc::timespec { tv_sec: 0, tv_nsec: 1_000_000 };
+                while !theirs.stop.load(Ordering::Acquire) {
+                    // SAFETY: sigtimedwait takes one signal of `set` (blocked
+                    // in this thread) or times out; `info` is ours.
+                    let sig = unsafe {
+                        let mut info: libc::siginfo_t = std::mem::zeroed();
+                        libc::sigtimedwait(&set, &mut info, &wait)
+                    };
+                    if let Some(i) = SIGNALS_TAKEN.iter().position(|&s| s == sig) {
+                        theirs.taken.fetch_or(1 << i, Ordering::AcqRel);
+                    }
+                }
+            })
+        });
+        // no thread (the host is out of threads): the signals wait pending
+        // for the next check, as they would with no taker
+        Taker { state, thread: thread.ok() }
+    }
+
+    /// Stops the thread and waits for it (within its 1 ms wait).
+    fn stop(&mut self) {
+        self.state.stop.store(true, std::sync::atomic::Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
 }
 
 thread_local! {
@@ -46,10 +108,11 @@ fn set_of(sigs: impl Iterator<Item = libc::c_int>) -> libc::sigset_t {
 
 /// While it lives, the calling thread (a backend's main thread, from before
 /// it starts a thread that may compile kernels until that thread has
-/// ended) blocks SIGNALS_TAKEN; [`serve_shielded`] then runs the handler in
-/// place before (PostgreSQL's) for each that arrived, and the last
-/// shield's drop serves them once more and restores the mask. Shields nest;
-/// a shield stays on its thread (the state is the thread's).
+/// ended) blocks SIGNALS_TAKEN and a taker thread takes each as it arrives;
+/// [`serve_shielded`] then runs the handler in place before (PostgreSQL's)
+/// for each that arrived, and the last shield's drop stops the taker,
+/// serves them once more and restores the mask. Shields nest; a shield
+/// stays on its thread (the state is the thread's).
 pub struct NvrtcShield(std::marker::PhantomData<*const ()>);
 
 impl NvrtcShield {
@@ -70,7 +133,8 @@ impl NvrtcShield {
                 }
                 let mut mask: libc::sigset_t = std::mem::zeroed();
                 libc::pthread_sigmask(libc::SIG_BLOCK, &set_of(SIGNALS_TAKEN.into_iter()), &mut mask);
-                *cur = Some(Shielded { depth: 1, actions, mask });
+                let taker = Taker::start(handled_set(&actions));
+                *cur = Some(Shielded { depth: 1, actions, mask, taker });
             }
         });
         NvrtcShield(std::marker::PhantomData)
@@ -94,6 +158,8 @@ impl Drop for NvrtcShield {
         if !last {
             return;
         }
+        // the taker's notes and anything still pending, served once more
+        SHIELD.with(|cell| cell.borrow_mut().as_mut().map(|s| s.taker.stop()));
         serve_shielded();
         SHIELD.with(|cell| {
             if let Some(s) = cell.borrow_mut().take() {
@@ -107,40 +173,54 @@ impl Drop for NvrtcShield {
     }
 }
 
-/// Under a shield: takes each pending signal of SIGNALS_TAKEN (sigtimedwait:
-/// it is never delivered, so NVRTC's handler never runs for it) and runs
-/// the action in place before for it here, as its handler would have (in a
-/// backend a cancel, statement_timeout or terminate then sets its interrupt
-/// flags and the latch); an ignored one is dropped, one left to the
-/// default action stays pending until the shield's end. No shield: nothing.
+/// The signals of SIGNALS_TAKEN whose action in `actions` (in that order)
+/// is not the default: those the shield takes and serves; one left to the
+/// default action stays pending until the shield's end.
+fn handled_set(actions: &[libc::sigaction; 3]) -> libc::sigset_t {
+    let handled = SIGNALS_TAKEN.iter().zip(actions.iter()).filter(|(_, a)| a.sa_sigaction != libc::SIG_DFL);
+    set_of(handled.map(|(&s, _)| s))
+}
+
+/// Under a shield: runs the action in place before for each signal of
+/// SIGNALS_TAKEN that arrived (the taker's notes, and any still pending,
+/// taken with sigtimedwait: never delivered, so NVRTC's handler never runs
+/// for one), here, as its handler would have (in a backend a cancel,
+/// statement_timeout or terminate then sets its interrupt flags and the
+/// latch); an ignored one is dropped. No shield: nothing.
 pub fn serve_shielded() {
-    let actions = SHIELD.with(|cell| cell.borrow().as_ref().map(|s| s.actions));
-    let Some(actions) = actions else { return };
-    let handled = |a: &libc::sigaction| a.sa_sigaction != libc::SIG_DFL;
-    let set = set_of(SIGNALS_TAKEN.iter().zip(actions.iter()).filter(|(_, a)| handled(a)).map(|(&s, _)| s));
+    use std::sync::atomic::Ordering;
+    let shielded = SHIELD.with(|cell| cell.borrow().as_ref().map(|s| (s.actions, s.taker.state.clone())));
+    let Some((actions, taker)) = shielded else { return };
+    let set = handled_set(&actions);
     let zero = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    let mut arrived = taker.taken.swap(0, Ordering::AcqRel);
     loop {
-        // SAFETY: a siginfo_t is plain data, all zeros a valid value;
-        // sigtimedwait with a zero timeout takes one pending signal of `set`
-        // (blocked in this thread) into it, or returns -1 at once.
-        let (sig, mut info) = unsafe {
+        // SAFETY: sigtimedwait with a zero timeout takes one pending signal
+        // of `set` (blocked in this thread), or returns -1 at once.
+        let sig = unsafe {
             let mut info: libc::siginfo_t = std::mem::zeroed();
-            (libc::sigtimedwait(&set, &mut info, &zero), info)
+            libc::sigtimedwait(&set, &mut info, &zero)
         };
-        if sig <= 0 {
-            return;
+        match SIGNALS_TAKEN.iter().position(|&s| s == sig) {
+            Some(i) => arrived |= 1 << i,
+            None if sig > 0 => continue,
+            None => break,
         }
-        let Some(a) = SIGNALS_TAKEN.iter().position(|&s| s == sig).map(|i| actions[i]) else { continue };
-        if a.sa_sigaction == libc::SIG_IGN {
+    }
+    for (i, (&sig, a)) in SIGNALS_TAKEN.iter().zip(actions.iter()).enumerate() {
+        if arrived & (1 << i) == 0 || a.sa_sigaction == libc::SIG_IGN || a.sa_sigaction == libc::SIG_DFL {
             continue;
         }
         // SAFETY: the host's handler for `sig`, as sigaction reported it
-        // (three arguments when installed with SA_SIGINFO); a signal
-        // handler's work is safe outside a handler too.
+        // (three arguments when installed with SA_SIGINFO: a siginfo_t
+        // naming the signal alone, as for a signal the kernel sent); a
+        // signal handler's work is safe outside a handler too.
         unsafe {
             if a.sa_flags & libc::SA_SIGINFO != 0 {
                 let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
                     std::mem::transmute(a.sa_sigaction);
+                let mut info: libc::siginfo_t = std::mem::zeroed();
+                info.si_signo = sig;
                 f(sig, &mut info, std::ptr::null_mut());
             } else {
                 let f: extern "C" fn(libc::c_int) = std::mem::transmute(a.sa_sigaction);

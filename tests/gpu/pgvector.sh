@@ -18,7 +18,9 @@
 #        RECALL (0.97), CLIENTS_SWEEP (16), BUILD_DEVICE (gpu),
 #        BENCH (.device/gpu-graph-bench), STORAGE (the column's, e.g. plain:
 #        768-dim `vector` values are TOASTed otherwise)
-# DIR holds base.fvecs, query.fvecs and groundtruth.ivecs. Fails when a
+# DIR holds base.fvecs, query.fvecs and groundtruth.ivecs; the server needs
+# max_worker_processes >= 17 (15 build workers, the search worker and the
+# logical replication launcher). Fails when a
 # build or query fails, or when the worker served fewer than 95% of the
 # scans sent to it.
 set -euo pipefail
@@ -42,10 +44,20 @@ rows=()
 [ -n "${STORAGE:-}" ] && rows+=(--column-storage "$STORAGE")
 log=$out/$name.log
 
+# HNSW's 15 build workers are background workers: a server of
+# max_worker_processes 8 (PostgreSQL's default, the search worker holding
+# one) grants it at most 7, whatever max_parallel_workers says, and the
+# build comparison would not be the one this script claims
+mwp=$(gg_q -c "SHOW max_worker_processes")
+[ "$mwp" -ge 17 ] || {
+  echo "pgvector.sh: FAIL: max_worker_processes is $mwp: HNSW's 15 build workers need 17 or more (e.g. source .device/device-pg \"shared_preload_libraries = 'gpu_graph'\" \"max_worker_processes = 32\")" >&2
+  exit 1
+}
+
 "$bench_bin" --base "$dir/base.fvecs" --query "$dir/query.fvecs" --gt "$dir/groundtruth.ivecs" \
   --metric "$metric" --column "$column" "${rows[@]}" --queries 1000 --clients "${CLIENTS_SWEEP:-16}" --ef "$efs" \
   --compare hnsw --set maintenance_work_mem=16GB --set max_parallel_workers=15 --set max_parallel_maintenance_workers=15 \
-  --set gpu_graph.build_device="$build_device" --csv "$out/$name.csv" 2>&1 | grep -v 'processed [0-9]* tuples\|already exists, skipping' | tee "$log"
+  --set gpu_graph.build_device="$build_device" --csv "$out/$name.csv" 2>&1 | grep -v 'processed [0-9]* tuples\|already exists, skipping\|serially' | tee "$log"
 
 # the smallest ef_search of each index reaching the recall asked for (else its largest)
 ef_gg=$(gg_pick_ef "$out/$name.csv" gpu_graph "$recall")

@@ -45,8 +45,9 @@ rows=()
 log=$out/$name.log
 
 # HNSW's 15 build workers are background workers: a server of
-# max_worker_processes 8 (PostgreSQL's default, the search worker holding
-# one) grants it at most 7, whatever max_parallel_workers says, and the
+# max_worker_processes 8 (PostgreSQL's default; the search worker and the
+# logical replication launcher hold two) grants it at most 6, whatever
+# max_parallel_workers says, and the
 # build comparison would not be the one this script claims
 mwp=$(gg_q -c "SHOW max_worker_processes")
 [ "$mwp" -ge 17 ] || {

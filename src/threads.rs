@@ -18,9 +18,12 @@
 //! cancelled or timed-out GPU build killed its backend with SIGSEGV, and
 //! PostgreSQL restarted. A backend therefore keeps those three signals
 //! blocked on its main thread while a thread of its may compile
-//! (`NvrtcShield`) and serves them itself (`serve_shielded`): no thread
-//! takes them while NVRTC's handlers may be in place (the shield is
-//! crates/gpu/src/nvrtc_signals.rs, beside what it guards against).
+//! (`NvrtcShield`), a taker thread of the shield takes each as it arrives
+//! (NVRTC sets them to SIG_IGN for a moment first, which would discard a
+//! pending one), and the backend serves them itself (`serve_shielded`): no
+//! thread runs a handler for them while NVRTC's handlers may be in place
+//! (the shield is crates/gpu/src/nvrtc_signals.rs, beside what it guards
+//! against; the threads' masks crates/gpu/src/thread_signals.rs).
 
 pub use gpu_graph_gpu::nvrtc_signals::{serve_shielded, NvrtcShield};
 pub use gpu_graph_gpu::thread_signals::{block_signals, with_signals_blocked};

@@ -272,10 +272,9 @@ pub fn construct(
     if want != BuildDevice::Cpu && rows > 0 {
         let watch = Watch::default();
         let budget_mb = BUILD_GPU_MEMORY.get().max(0) as usize;
-        // the search worker leaves the GPU to the build while it runs
+        // the search worker leaves the GPU to the build while it runs, and
+        // NVRTC's signals are held back while the GPU threads may compile
         let aside = GpuBuild::begin();
-        // NVRTC's signals held back while the GPU threads may compile
-        let shield = crate::threads::NvrtcShield::new();
         let result = std::thread::scope(|s| {
             let gpu = s.spawn(|| {
                 // before CUDA starts its own threads, which inherit the mask
@@ -303,7 +302,7 @@ pub fn construct(
             }
             gpu.join().unwrap_or_else(|_| Err(GpuError::Cuda("the GPU build thread panicked".into())))
         });
-        drop((aside, shield));
+        drop(aside);
         match result {
             Ok(c) => return c,
             // only the guard stops the GPU thread, and it is set on the way
@@ -406,9 +405,8 @@ pub fn construct_paged(b: PagedBuild) -> Constructed {
     let mut built = None;
     if want != BuildDevice::Cpu {
         let watch = Watch::default();
+        // the worker steps aside; NVRTC's signals held back (as in construct)
         let aside = GpuBuild::begin();
-        // NVRTC's signals held back while the GPU threads may compile
-        let shield = crate::threads::NvrtcShield::new();
         let (rows_tx, rows_rx) = mpsc::channel::<Job>();
         let rows_rx = std::sync::Mutex::new(rows_rx);
         let (graph_tx, graph_rx) = mpsc::channel();
@@ -536,7 +534,7 @@ pub fn construct_paged(b: PagedBuild) -> Constructed {
             r.ok_or_else(|| gpu.failed.take().unwrap_or(GpuError::Cancelled))
                 .map(|(entry, st)| ((entry, Some(st)), name))
         });
-        drop((aside, shield));
+        drop(aside);
         match outcome {
             Ok(((entry, stats), name)) => built = Some((entry, stats, Device::Gpu { name })),
             Err(GpuError::Cancelled) => unreachable!("the GPU build stopped with no one leaving"),

@@ -74,10 +74,9 @@ fn on_the_gpu(
     cfs: &CfsParams,
 ) -> Result<(Graph, f64, f64), GpuError> {
     let watch = Watch::default();
-    // the search worker leaves the GPU to the build while it runs
+    // the search worker leaves the GPU to the build while it runs, and
+    // NVRTC's signals are held back while the GPU threads may compile
     let aside = GpuBuild::begin();
-    // NVRTC's signals held back while the GPU threads may compile
-    let shield = crate::threads::NvrtcShield::new();
     let result = std::thread::scope(|s| {
         let gpu = s.spawn(|| {
             crate::threads::block_signals();
@@ -103,7 +102,7 @@ fn on_the_gpu(
         }
         gpu.join().unwrap_or_else(|_| Err(GpuError::Cuda("the CFS refinement thread panicked".into())))
     });
-    drop((aside, shield));
+    drop(aside);
     match result? {
         (Some(graph), collect_ms, filter_ms) => Ok((graph, collect_ms, filter_ms)),
         // only the guard stops the thread, on the way out of the scope

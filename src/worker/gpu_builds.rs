@@ -49,16 +49,23 @@ impl GpuBuilders {
     }
 }
 
-/// This backend's registration as a GPU builder, for as long as it lives.
+/// This backend's registration as a GPU builder, for as long as it lives,
+/// and the NVRTC shield its GPU threads need (their first compile puts
+/// NVRTC's handlers on the backend's cancel and terminate signals; see
+/// crates/gpu/src/nvrtc_signals.rs). Kept on the backend's main thread from
+/// before its GPU threads start until they have ended.
 pub struct GpuBuild {
     entry: Option<&'static AtomicI32>,
+    // dropped after `entry` is released (Drop below runs first)
+    _shield: crate::threads::NvrtcShield,
 }
 
 impl GpuBuild {
     /// Registers this backend (when gpu_graph is preloaded and an entry is
     /// free) and wakes the worker so that it steps aside now.
     pub fn begin() -> GpuBuild {
-        let Some(shared) = shared() else { return GpuBuild { entry: None } };
+        let _shield = crate::threads::NvrtcShield::new();
+        let Some(shared) = shared() else { return GpuBuild { entry: None, _shield } };
         // SAFETY: MyProcPid is this process's pid, set at its start.
         let pid = unsafe { pg_sys::MyProcPid };
         let entry = shared
@@ -69,7 +76,7 @@ impl GpuBuild {
         if entry.is_some() && shared.worker().is_some() {
             set_latch(shared.worker_procno.load(Ordering::Acquire));
         }
-        GpuBuild { entry }
+        GpuBuild { entry, _shield }
     }
 }
 
